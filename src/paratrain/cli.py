@@ -1,0 +1,185 @@
+"""The paratrain command: parse, then call one function per subcommand.
+
+User mistakes (paratrain.errors.UserError) print one line and exit with 2; nothing is written
+before a config has been validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from paratrain.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"paratrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paratrain",
+        description="Train PyTorch models on one GPU, many GPUs and many nodes; measure which way is fastest.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="train a model from a recipe",
+        description=RUN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "recipe", nargs="?", help="YAML recipe (recipes/*.yaml); omit to start from defaults"
+    )
+    _add_run_options(run)
+    run.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    run.add_argument(
+        "--list-keys",
+        action="store_true",
+        help="list every config key with its default and meaning",
+    )
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="a one-minute run on real MNIST digits, on whatever is here")
+    demo.add_argument(
+        "--nproc", type=int, help="processes (default: all GPUs, else 2 CPU processes)"
+    )
+    demo.add_argument(
+        "--epochs", type=int, default=None, help="passes over the 4,000 training digits"
+    )
+    demo.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    demo.add_argument("--output-dir", help="where the result goes (default runs/demo-<time>)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+RUN_HELP = """\
+Train a model from a recipe, with any key overridden:
+
+  paratrain run recipes/mnist_mobilenetv2.yaml --nproc 4 \\
+      --set strategy=ddp-ds --set precision=fp16 --set data.pin_memory=true
+
+Strategies: single, dp, ddp-full, ddp-rr, ddp-ds. Precisions: fp64, fp32, tf32, fp16, bf16.
+`--list-keys` shows every key. Under an outside torchrun or inside a SLURM step, paratrain
+joins the job it finds instead of starting processes.
+"""
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set data.batch_size=128 (repeatable)",
+    )
+    p.add_argument("--nproc", type=int, help="processes per node (launch.nproc)")
+    p.add_argument("--nnodes", type=int, help="nodes (launch.nnodes)")
+    p.add_argument("--node-rank", type=int, help="this node's rank (launch.node_rank)")
+    p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
+    p.add_argument("--resume", help="checkpoint file or run directory to continue from")
+    p.add_argument("--output-dir", help="where results go (output_dir)")
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    flags = {
+        "nproc": "launch.nproc",
+        "nnodes": "launch.nnodes",
+        "node_rank": "launch.node_rank",
+        "rdzv_endpoint": "launch.rdzv_endpoint",
+        "resume": "checkpoint.resume",
+        "output_dir": "output_dir",
+    }
+    return [
+        f"{key}={getattr(args, name)}"
+        for name, key in flags.items()
+        if getattr(args, name, None) is not None
+    ]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from paratrain.config import describe_keys, load_config, to_yaml
+
+    if args.list_keys:
+        for key, default, doc in describe_keys():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    cfg = load_config(args.recipe, args.overrides + _flag_overrides(args))
+    if args.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    from paratrain.runner import execute
+
+    return execute(cfg)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from paratrain.config import load_config
+    from paratrain.runner import execute
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    overrides = [
+        "name=demo",
+        "strategy=ddp-ds",
+        "data.source=mnist-sample",
+        "train.lr=0.002",
+        "checkpoint.at_end=false",
+        "train.lr_schedule=cosine",
+    ]
+    if gpus:
+        # On GPUs the seed's model at a moderate size; a minute is a few epochs of 4,000 digits.
+        overrides += [
+            "model.name=mobilenet_v2",
+            "data.image_size=64",
+            "precision=bf16",
+            "data.batch_size=64",
+            "train.epochs=10",
+            "data.num_workers=4",
+        ]
+    else:
+        # On the CPU a small CNN at MNIST's native 28x28 reaches ~97% in about a minute.
+        overrides += [
+            "model.name=tiny_cnn",
+            "device=cpu",
+            "data.batch_size=32",
+            "train.epochs=3",
+            "data.num_workers=0",
+        ]
+    overrides.append(f"launch.nproc={args.nproc or max(gpus, 2)}")
+    if args.epochs:
+        overrides.append(f"train.epochs={args.epochs}")
+    if args.max_steps:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.no_progress:
+        overrides.append("log.progress=false")
+    cfg = load_config(None, overrides)
+    print(
+        f"paratrain demo: {cfg.model.name} on 4,000 real MNIST digits (1,000 held out), "
+        f"{cfg.launch.nproc} {'GPU' if gpus else 'CPU'} processes, {cfg.strategy}, {cfg.precision}",
+        flush=True,
+    )
+    return execute(cfg)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

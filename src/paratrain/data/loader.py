@@ -1,0 +1,176 @@
+"""DataConfig and the loaders built from it: source -> prepared dataset -> sampler -> DataLoader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.utils.data import DataLoader
+
+from paratrain.data import sources
+from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.data.transforms import Prepared
+from paratrain.errors import UserError
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    source: Literal["mnist", "mnist-sample", "imagefolder", "synthetic"] = "mnist-sample"
+    """mnist (IDX files at path), mnist-sample (5,000 real digits shipped in a wheel), imagefolder, synthetic."""
+    path: str | None = None
+    """Folder of the MNIST IDX files, or the ImageFolder root (one sub-folder per class)."""
+    val_path: str | None = None
+    """ImageFolder root of held-out images; without it val_fraction of path is held out."""
+    val_fraction: float = 0.1
+    """Share of an ImageFolder held out when there is no val_path."""
+    image_size: int | None = None
+    """Side of the square images the model sees (the seed upscales MNIST to 500); null keeps the native size."""
+    resize_on: Literal["cpu", "gpu"] = "cpu"
+    """cpu: resize in the loader workers (the seed's way); gpu: copy uint8 and resize on the GPU."""
+    channels: int | None = None
+    """Image channels; default 1 for MNIST and synthetic, 3 for ImageFolder."""
+    batch_size: int = 64
+    """Samples per device per micro-step (dp: per GPU, the loader batch is this times the GPUs)."""
+    shuffle: bool = True
+    """Reshuffle the training set every epoch (seeded, identical on every rank)."""
+    num_workers: int = 4
+    """Loader processes per rank; 0 loads in the training process."""
+    pin_memory: bool = True
+    """Page-locked host buffers so host-to-device copies can run asynchronously (CUDA only)."""
+    persistent_workers: bool = False
+    """Keep loader workers alive between epochs instead of restarting them."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead (torch's default, 2, when null)."""
+    non_blocking: bool = True
+    """Asynchronous host-to-device copies (effective from pinned memory)."""
+    prefetch_to_device: bool = False
+    """Copy the next batch on a side CUDA stream while the current one computes."""
+    limit_samples: int | None = None
+    """Use only the first N training samples (quick runs and tests)."""
+    synthetic_samples: int = 8192
+    """Images in the synthetic set (a tenth is held out)."""
+    synthetic_size: int = 28
+    """Native side of synthetic images (resized to image_size like real ones)."""
+    num_classes: int = 10
+    """Classes of the synthetic set (other sources know their own)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers: must be >= 0, got {self.num_workers}")
+        if self.prefetch_factor is not None and (self.prefetch_factor < 1 or self.num_workers == 0):
+            raise ValueError(
+                f"prefetch_factor: needs num_workers > 0 and a value >= 1, got {self.prefetch_factor}"
+                f" with num_workers={self.num_workers}"
+            )
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers: needs num_workers > 0")
+        if self.image_size is not None and not 8 <= self.image_size <= 4096:
+            raise ValueError(f"image_size: must be in [8, 4096] or null, got {self.image_size}")
+        if self.channels is not None and self.channels not in (1, 3):
+            raise ValueError(f"channels: must be 1 or 3, got {self.channels}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"val_fraction: must be in [0, 1), got {self.val_fraction}")
+        if self.limit_samples is not None and self.limit_samples < 1:
+            raise ValueError(f"limit_samples: must be >= 1 or null, got {self.limit_samples}")
+        if self.source in ("mnist", "imagefolder") and not self.path:
+            raise ValueError(
+                f"path: source {self.source} reads files; set data.path to their folder"
+            )
+        if self.source == "imagefolder" and self.resize_on == "gpu":
+            raise ValueError(
+                "resize_on: imagefolder images differ in size; they are resized on the cpu"
+            )
+        if self.source == "imagefolder" and self.image_size is None:
+            raise ValueError(
+                "image_size: imagefolder needs a size to batch its images (for example 224)"
+            )
+        if self.source in ("mnist", "mnist-sample") and self.channels == 3:
+            raise ValueError("channels: MNIST is grayscale (1 channel)")
+        if self.synthetic_samples < 2 or self.num_classes < 2 or self.synthetic_size < 1:
+            raise ValueError(
+                "synthetic_samples: the synthetic set needs >= 2 samples and >= 2 classes"
+            )
+
+
+@dataclass
+class Data:
+    train: DataLoader
+    val: DataLoader | None
+    sampler: EpochSampler
+    source: sources.ImageSource
+
+
+def load_source(cfg: DataConfig, seed: int) -> sources.ImageSource:
+    if cfg.source == "mnist":
+        src = sources.load_mnist(cfg.path)
+    elif cfg.source == "mnist-sample":
+        src = sources.load_mnist_sample()
+    elif cfg.source == "imagefolder":
+        src = sources.load_imagefolder(
+            cfg.path, cfg.val_path, cfg.val_fraction, cfg.channels or 3, seed
+        )
+    else:
+        src = sources.load_synthetic(
+            cfg.synthetic_samples, cfg.channels or 1, cfg.synthetic_size, cfg.num_classes, seed
+        )
+    if cfg.limit_samples is not None and cfg.limit_samples < len(src.train):
+        src.train = torch.utils.data.Subset(src.train, range(cfg.limit_samples))
+    return src
+
+
+def build_data(
+    cfg: DataConfig,
+    *,
+    sampler_mode: str,
+    rank: int,
+    world: int,
+    seed: int,
+    device: torch.device,
+    loader_batch: int,
+) -> Data:
+    src = load_source(cfg, seed)
+    on_cpu = cfg.resize_on == "cpu"
+    train_set = Prepared(src.train, cfg.image_size, src.mean, src.std, on_cpu)
+    if len(train_set) < loader_batch * (world if sampler_mode != "full" else 1):
+        raise UserError(
+            f"data.batch_size: {len(train_set)} training samples are fewer than one batch on every"
+            f" rank ({loader_batch} x {world}); lower the batch size"
+        )
+    sampler = EpochSampler(
+        build_sampler(
+            sampler_mode, len(train_set), rank=rank, world=world, shuffle=cfg.shuffle, seed=seed
+        )
+    )
+    pin = cfg.pin_memory and device.type == "cuda"  # pinning needs an accelerator to pin for
+    common = dict(
+        num_workers=cfg.num_workers,
+        pin_memory=pin,
+        persistent_workers=cfg.persistent_workers,
+        prefetch_factor=cfg.prefetch_factor,
+    )
+    # drop_last: every step has the same shape (and under DDP every rank the same step count).
+    # The generator gives workers their base seed without drawing from the global RNG, so a
+    # resumed run's dropout stream is not shifted by when its loader iterator was created.
+    train = DataLoader(
+        train_set,
+        batch_size=loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed + rank),
+        **common,
+    )
+    val = None
+    if src.val is not None:
+        val_set = Prepared(src.val, cfg.image_size, src.mean, src.std, on_cpu)
+        val_sampler = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=False)
+        val = DataLoader(
+            val_set,
+            batch_size=loader_batch,
+            sampler=val_sampler,
+            generator=torch.Generator().manual_seed(seed + rank),
+            **common,
+        )
+    return Data(train, val, sampler, src)

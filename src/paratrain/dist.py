@@ -1,0 +1,91 @@
+"""Process group and rank helpers. NCCL on GPUs, gloo on the CPU; torchrun (or SLURM, mapped in
+launch.py) provides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from paratrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None
+    """None when the run is a single process without a process group."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(
+            "device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)"
+        )
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UserError(
+            f"launch.nproc: local rank {local_rank} has no GPU; {count} visible (CUDA_VISIBLE_DEVICES)"
+        )
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(preference: str, multiprocess: bool) -> DistEnv:
+    """Join the process group that the launcher described in the environment."""
+    if not multiprocess:
+        return DistEnv(0, 0, 1, pick_device(preference, 0), None)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ["WORLD_SIZE"])
+    device = pick_device(preference, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(minutes=10), **kwargs)
+    return DistEnv(rank, local_rank, world, device, backend)
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

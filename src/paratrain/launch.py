@@ -1,0 +1,116 @@
+"""Hand a run to torch.distributed.run (torchrun's elastic agent), or run it here.
+
+- Started by an outside torchrun: the environment already names RANK / WORLD_SIZE; run here.
+- Inside a SLURM step with several tasks (srun): each task is a rank; map SLURM's variables to
+  torch.distributed's and run here. Nothing is spawned again.
+- Otherwise, for a multi-process strategy: build torchrun's arguments and call its agent, which
+  spawns one worker per process (``python -m paratrain.worker <config.yaml>``), rendezvouses
+  (standalone on one node, c10d across nodes) and restarts workers up to max_restarts times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(kw_only=True)
+class LaunchConfig:
+    nproc: int | None = None
+    """Processes per node; default: one per visible GPU, or 2 on a CPU-only machine (ddp-*)."""
+    nnodes: int = 1
+    """Nodes taking part (torchrun --nnodes)."""
+    node_rank: int = 0
+    """This node's rank (torchrun --node-rank)."""
+    rdzv_endpoint: str | None = None
+    """host:port of the c10d rendezvous for multi-node runs (torchrun --rdzv-endpoint)."""
+    max_restarts: int = 0
+    """Times the elastic agent restarts failed workers (resume from the newest checkpoint)."""
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"nproc: must be >= 1, got {self.nproc}")
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes: must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("rdzv_endpoint: a multi-node run needs host:port of the rendezvous")
+        if self.rdzv_endpoint and not re.fullmatch(r"[\w.\-\[\]:]+:\d+", self.rdzv_endpoint):
+            raise ValueError(f"rdzv_endpoint: expected host:port, got {self.rdzv_endpoint!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
+
+
+def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env or all(
+        k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    )
+
+
+def slurm_rank_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
+    """torch.distributed variables for a SLURM step whose tasks are the ranks, else None."""
+    env = os.environ if env is None else env
+    if "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0],
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+        # A port derived from the job id keeps two jobs sharing a node apart.
+        "MASTER_PORT": env.get("MASTER_PORT")
+        or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000),
+    }
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as 'gpu[003-005,007],cpu01'."""
+    try:  # scontrol knows every form of the syntax; use it when it is there
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+        ).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    m = re.match(r"([^,\[]+)(?:\[(\d+)[^\]]*\])?", nodelist)
+    assert m, nodelist
+    return m.group(1) + (m.group(2) or "")
+
+
+def default_nproc(strategy_multiprocess: bool) -> int:
+    if not strategy_multiprocess:
+        return 1
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def torchrun_argv(cfg: LaunchConfig, nproc: int, config_path: Path) -> list[str]:
+    argv = [f"--nproc-per-node={nproc}", f"--max-restarts={cfg.max_restarts}"]
+    if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
+        argv.append("--standalone")
+    else:
+        argv += [
+            f"--nnodes={cfg.nnodes}",
+            f"--node-rank={cfg.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+        ]
+    return argv + ["-m", "paratrain.worker", str(config_path)]
+
+
+def run_torchrun(argv: list[str]) -> None:
+    """torchrun's own entry point, in this process: it becomes the elastic agent."""
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as elastic_run
+
+    # NCCL variables the user set are inherited by the workers unchanged; we add none.
+    elastic_run(get_args_parser().parse_args(argv))

@@ -1,0 +1,158 @@
+"""What a run measures and reports: timers, peak memory, hardware facts, the progress bar and the
+result JSON that the benchmark harness reads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Device work is asynchronous: wait for it before reading a host clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device: torch.device) -> float:
+    sync(device)
+    return time.perf_counter()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak device memory allocated by tensors, or on the CPU the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_peak_rss"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        commit = out.stdout.strip() if out.returncode == 0 else None
+        if commit:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("PARATRAIN_COMMIT")
+
+
+def hardware(device: torch.device, world_size: int) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "device_type": device.type,
+        "world_size": world_size,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        info["gpu_name"] = torch.cuda.get_device_name(device)
+        info["gpu_count_visible"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+        info["cudnn"] = torch.backends.cudnn.version()
+        with contextlib.suppress(Exception):  # not every build has NCCL
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - telemetry is optional
+            pass
+    return info
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Progress:
+    """Rank 0's bar: steps, unique samples/s, loss and ETA (rich). Others get a no-op."""
+
+    def __init__(self, enabled: bool, total_steps: int, description: str):
+        self._bar = None
+        if not enabled:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import (
+            Progress as RichProgress,
+        )
+
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
+        self._task = self._bar.add_task(description, total=total_steps, rate="", loss="-")
+        self._bar.start()
+
+    def update(
+        self, completed: int, samples_per_s: float | None = None, loss: float | None = None
+    ) -> None:
+        if self._bar is None:
+            return
+        fields = {}
+        if samples_per_s is not None:
+            fields["rate"] = f"{samples_per_s:,.0f} samples/s"
+        if loss is not None:
+            fields["loss"] = f"{loss:.4f}"
+        self._bar.update(self._task, completed=completed, **fields)
+
+    def print(self, message: str) -> None:
+        """A line above the bar (or plain output when there is no bar)."""
+        if self._bar is not None:
+            self._bar.console.print(message, highlight=False)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

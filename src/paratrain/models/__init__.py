@@ -1,0 +1,58 @@
+"""Models by name, or the user's own as ``module.path:builder``.
+
+A builder is ``builder(num_classes: int, in_channels: int) -> nn.Module``. Models never branch
+on the strategy: parallelism is applied from outside (paratrain.parallel).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from paratrain.errors import UserError
+from paratrain.models.vision import build_mobilenet_v2, build_resnet50, build_tiny_cnn
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mobilenet_v2": build_mobilenet_v2,
+    "resnet50": build_resnet50,
+    "tiny_cnn": build_tiny_cnn,
+}
+
+_USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = "mobilenet_v2"
+    """mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+
+    def __post_init__(self) -> None:
+        if self.name not in MODELS and not _USER.fullmatch(self.name):
+            raise ValueError(
+                f"name: got {self.name!r}; accepted: {', '.join(MODELS)}, or module.path:builder"
+            )
+
+
+def resolve_builder(name: str) -> Callable[..., nn.Module]:
+    if name in MODELS:
+        return MODELS[name]
+    module_name, fn_name = name.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"model.name: cannot import {module_name!r} ({e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise UserError(f"model.name: {module_name} has no function {fn_name!r}")
+    return fn
+
+
+def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Module:
+    model = resolve_builder(cfg.name)(num_classes=num_classes, in_channels=in_channels)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
+    return model

@@ -1,0 +1,60 @@
+"""Strategies, applied from outside the model: name -> (apply function, sampler, traits).
+
+Order of application (train.py): precision dtype and channels_last, activation checkpointing,
+torch.compile, then the strategy's wrapper last, so DDP sees the final module and registers its
+gradient hooks on the parameters that really train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from paratrain.parallel.data_parallel import apply_ddp, apply_dp, apply_single
+
+Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds"]
+SamplerMode = Literal["full", "round-robin", "distributed"]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    apply: Callable[[torch.nn.Module, torch.device], torch.nn.Module]
+    sampler: SamplerMode
+    multiprocess: bool
+    """Runs one process per device (launched through torchrun)."""
+    redundant: bool = False
+    """Every rank sees the whole data set: only 1/world of the samples processed are unique."""
+    doc: str = ""
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    "single": StrategySpec(apply_single, "full", False, doc="one device, one process"),
+    "dp": StrategySpec(
+        apply_dp,
+        "full",
+        False,
+        doc="torch.nn.DataParallel: one process scatters each batch over all visible GPUs",
+    ),
+    "ddp-full": StrategySpec(
+        apply_ddp,
+        "full",
+        True,
+        redundant=True,
+        doc="DDP, every rank iterates the WHOLE data set (seed's 'DDP'): redundant work",
+    ),
+    "ddp-rr": StrategySpec(
+        apply_ddp,
+        "round-robin",
+        True,
+        doc="DDP, rank r takes samples r, r+W, r+2W, ... of the whole data set (seed's DDP-RR)",
+    ),
+    "ddp-ds": StrategySpec(
+        apply_ddp,
+        "distributed",
+        True,
+        doc="DDP with torch's DistributedSampler, set_epoch every epoch (seed's DDP-DS)",
+    ),
+}

@@ -1,0 +1,384 @@
+"""The training loop. Read `train` top to bottom: set-up, the step (forward, loss, backward,
+optimizer step, with DDP's all-reduce happening inside backward), evaluation, result.
+
+Every rank runs this function; rank 0 alone prints, shows the bar and writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from paratrain import dist as pdist
+from paratrain import metrics
+from paratrain.checkpoint import LoopState, load_checkpoint, resolve_resume, save_checkpoint
+from paratrain.data.device import DeviceLoader
+from paratrain.data.loader import build_data
+from paratrain.errors import UserError
+from paratrain.models import build_model
+from paratrain.parallel import STRATEGIES
+from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
+from paratrain.parallel.data_parallel import unwrap
+from paratrain.precision import build_policy, build_scaler
+
+if TYPE_CHECKING:
+    from paratrain.config import RunConfig
+    from paratrain.train_config import TrainConfig
+
+
+def default_output_dir(name: str) -> str:
+    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def train(cfg: RunConfig) -> dict[str, Any]:
+    spec = STRATEGIES[cfg.strategy]
+    if cfg.train.deterministic:
+        # cuBLAS needs this before its first handle is made to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env = pdist.init_distributed(cfg.device, spec.multiprocess)
+    try:
+        return _train(cfg, spec, env)
+    finally:
+        pdist.shutdown()
+
+
+def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
+    device, tc = env.device, cfg.train
+    out_dir = Path(pdist.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
+    ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
+    if env.is_main:
+        from paratrain.config import to_yaml
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    # ---- determinism and kernels
+    seed_all(cfg.seed)  # same seed everywhere: identical initial weights on every rank
+    torch.use_deterministic_algorithms(tc.deterministic)
+    torch.backends.cudnn.benchmark = tc.cudnn_benchmark and not tc.deterministic
+
+    # ---- data: dp scatters one loader batch over all GPUs, so it loads batch_size x GPUs
+    dp_gpus = torch.cuda.device_count() if (cfg.strategy == "dp" and device.type == "cuda") else 1
+    loader_batch = cfg.data.batch_size * dp_gpus
+    data = build_data(
+        cfg.data,
+        sampler_mode=spec.sampler,
+        rank=env.rank,
+        world=env.world_size,
+        seed=cfg.seed,
+        device=device,
+        loader_batch=loader_batch,
+    )
+
+    # ---- model, then everything applied from outside it, in a fixed order
+    policy = build_policy(cfg.precision, device)
+    model = build_model(cfg.model, data.source.num_classes, data.source.channels)
+    model = model.to(device=device, dtype=policy.param_dtype)
+    if tc.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if tc.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    inner = torch.compile(model) if tc.compile else model
+    model = spec.apply(inner, device)  # DP / DDP wrapper last: it must see the final module
+    eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
+    seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank
+
+    optimizer = build_optimizer(unwrap(model).parameters(), tc)
+    scaler = build_scaler(cfg.precision, cfg.scaler, device)
+    k = tc.grad_accum_steps
+    steps_per_epoch = len(data.train) // k
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"train.grad_accum_steps: {k} micro-batches exceed the {len(data.train)} of an epoch"
+        )
+    total_steps = tc.epochs * steps_per_epoch
+    if tc.max_steps is not None:
+        total_steps = min(total_steps, tc.max_steps)
+
+    state = LoopState()
+    if cfg.checkpoint.resume:
+        path = resolve_resume(cfg.checkpoint.resume)
+        state = load_checkpoint(
+            path, model=unwrap(model), optimizer=optimizer, scaler=scaler, device=device
+        )
+        log(env, f"resumed from {path} at step {state.step} (epoch {state.epoch})")
+
+    # Samples per optimizer step: processed by all ranks, and unique (ddp-full repeats them).
+    processed_per_step = loader_batch * k * env.world_size
+    unique_per_step = loader_batch * k * (1 if spec.redundant else env.world_size)
+    device_loader = DeviceLoader(
+        data.train,
+        device,
+        dtype=policy.param_dtype,
+        size=cfg.data.image_size,
+        mean=data.source.mean,
+        std=data.source.std,
+        finish_on_device=cfg.data.resize_on == "gpu",
+        non_blocking=cfg.data.non_blocking,
+        channels_last=tc.channels_last,
+        prefetch=cfg.data.prefetch_to_device,
+    )
+    val_loader = None
+    if data.val is not None and tc.eval:
+        val_loader = DeviceLoader(
+            data.val,
+            device,
+            dtype=policy.param_dtype,
+            size=cfg.data.image_size,
+            mean=data.source.mean,
+            std=data.source.std,
+            finish_on_device=cfg.data.resize_on == "gpu",
+            non_blocking=cfg.data.non_blocking,
+            channels_last=tc.channels_last,
+            prefetch=False,
+        )
+
+    label = f"{cfg.strategy} x{env.world_size} {cfg.precision}" + (
+        " [redundant data]" if spec.redundant else ""
+    )
+    progress = metrics.Progress(env.is_main and cfg.log.progress, total_steps, label)
+    progress.update(state.step)
+    metrics.reset_peak_memory(device)
+    clock = TrainClock(device)
+    start_step, warm_mark = state.step, None
+    epochs: list[dict[str, Any]] = []
+    run_start = time.perf_counter()
+
+    # ================================================================ the loop
+    while state.step < total_steps:
+        data.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
+        model.train()
+        epoch_first_step, epoch_clock = state.step, clock.elapsed()
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        batches = iter(device_loader)
+        clock.resume()
+        while state.step_in_epoch < steps_per_epoch and state.step < total_steps:
+            if warm_mark is None and state.step - start_step == tc.warmup_steps:
+                warm_mark = (state.step, clock.elapsed())  # throughput counts from here
+            set_lr(optimizer, lr_at(state.step, total_steps, tc))
+            for micro in range(k):
+                x, y = next(batches)
+                # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync).
+                skip_sync = micro < k - 1 and hasattr(model, "no_sync")
+                with model.no_sync() if skip_sync else contextlib.nullcontext():
+                    with policy.autocast():
+                        loss = F.cross_entropy(model(x), y) / k
+                    # backward: DDP all-reduces gradient buckets here, overlapped with compute
+                    (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += loss.detach()
+            if scaler is not None:
+                scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
+                scaler.update()  # ... and then the scale backs off
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            state.step_in_epoch += 1
+
+            if env.is_main and cfg.log.progress and state.step % cfg.log.every_steps == 0:
+                rate = (
+                    unique_per_step
+                    * (state.step - epoch_first_step)
+                    / max(clock.elapsed() - epoch_clock, 1e-9)
+                )
+                progress.update(state.step, rate, loss_sum.item() / (state.step - epoch_first_step))
+            else:
+                progress.update(state.step)
+            if (
+                cfg.checkpoint.every_steps
+                and state.step % cfg.checkpoint.every_steps == 0
+                and state.step < total_steps
+            ):
+                clock.pause()
+                save_checkpoint(
+                    ckpt_dir,
+                    model=unwrap(model),
+                    optimizer=optimizer,
+                    scaler=scaler,
+                    state=state,
+                    device=device,
+                    keep=cfg.checkpoint.keep,
+                )
+                clock.resume()
+        clock.pause()
+
+        epoch_steps = state.step - epoch_first_step
+        train_s = clock.elapsed() - epoch_clock
+        (loss_total,) = pdist.all_reduce_sum([loss_sum.item()], device)
+        record = {
+            "epoch": state.epoch,
+            "steps": epoch_steps,
+            "train_s": train_s,
+            "train_loss": loss_total / env.world_size / max(epoch_steps, 1),
+            "unique_samples_per_s": unique_per_step * epoch_steps / max(train_s, 1e-9),
+        }
+        if state.step_in_epoch >= steps_per_epoch:
+            state.epoch += 1
+            state.step_in_epoch = 0
+        if val_loader is not None:
+            record["val_accuracy"] = evaluate(eval_model, val_loader, policy, device)
+        epochs.append(record)
+        if env.is_main:
+            acc = (
+                f", held-out accuracy {record['val_accuracy']:.4f}"
+                if "val_accuracy" in record
+                else ""
+            )
+            progress.print(
+                f"epoch {record['epoch']}: loss {record['train_loss']:.4f}{acc}, "
+                f"{record['unique_samples_per_s']:,.0f} unique samples/s"
+            )
+    # ================================================================ end of loop
+
+    progress.close()
+    if cfg.checkpoint.at_end and state.step > start_step:
+        save_checkpoint(
+            ckpt_dir,
+            model=unwrap(model),
+            optimizer=optimizer,
+            scaler=scaler,
+            state=state,
+            device=device,
+            keep=cfg.checkpoint.keep,
+        )
+    peak, peak_kind = metrics.peak_memory_bytes(device)
+    peak = int(pdist.all_reduce_max(float(peak), device))
+
+    measured_steps = state.step - start_step
+    measured_s = clock.elapsed()
+    warmup_excluded = warm_mark is not None and state.step > warm_mark[0]
+    if warmup_excluded:
+        measured_steps, measured_s = state.step - warm_mark[0], clock.elapsed() - warm_mark[1]
+    result = {
+        "paratrain": {"version": _version(), "commit": metrics.git_commit()},
+        "name": cfg.name,
+        "strategy": cfg.strategy,
+        "strategy_doc": spec.doc,
+        "redundant_data": spec.redundant,
+        "precision": cfg.precision,
+        "world_size": env.world_size,
+        "dp_gpus": dp_gpus,
+        "backend": env.backend,
+        "data_real": data.source.real,
+        "effective": {"pin_memory": data.train.pin_memory, "loader_batch": loader_batch},
+        "hardware": metrics.hardware(device, env.world_size),
+        "epochs": epochs,
+        "summary": {
+            "wall_s": time.perf_counter() - run_start,
+            "train_s": clock.elapsed(),
+            "optimizer_steps": state.step,
+            "steps_this_run": state.step - start_step,
+            "measured_steps": measured_steps,
+            "warmup_excluded": warmup_excluded,
+            "step_time_s": measured_s / max(measured_steps, 1),
+            "unique_samples_per_s": unique_per_step * measured_steps / max(measured_s, 1e-9),
+            "processed_samples_per_s": processed_per_step * measured_steps / max(measured_s, 1e-9),
+            "train_loss": epochs[-1]["train_loss"] if epochs else None,
+            "val_accuracy": epochs[-1].get("val_accuracy") if epochs else None,
+            "peak_memory_bytes": peak,
+            "peak_memory_kind": peak_kind,
+            "loss_scale": scaler.get_scale() if scaler is not None else None,
+        },
+        "output_dir": str(out_dir),
+        "config": cfg.to_dict(),
+    }
+    if env.is_main:
+        metrics.write_json(out_dir / "result.json", result)
+        print_summary(result)
+    pdist.barrier()
+    return result
+
+
+# ---------------------------------------------------------------- helpers the loop reads
+
+
+class TrainClock:
+    """Seconds spent training, with evaluation and checkpointing paused out of it."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.total, self.started = device, 0.0, None
+
+    def resume(self) -> None:
+        if self.started is None:
+            self.started = metrics.now(self.device)
+
+    def pause(self) -> None:
+        if self.started is not None:
+            self.total += metrics.now(self.device) - self.started
+            self.started = None
+
+    def elapsed(self) -> float:
+        running = metrics.now(self.device) - self.started if self.started is not None else 0.0
+        return self.total + running
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_optimizer(params, tc: TrainConfig) -> torch.optim.Optimizer:
+    if tc.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+
+
+def lr_at(step: int, total_steps: int, tc: TrainConfig) -> float:
+    """A pure function of the step, so a resumed run needs no scheduler state."""
+    if tc.lr_schedule == "constant":
+        return tc.lr
+    return 0.5 * tc.lr * (1 + math.cos(math.pi * step / max(total_steps, 1)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@torch.no_grad()
+def evaluate(model, loader: DeviceLoader, policy, device: torch.device) -> float:
+    """Held-out accuracy; each rank scores its shard, the counts are summed over ranks."""
+    model.eval()
+    correct = torch.zeros((), device=device, dtype=torch.float64)
+    total = 0
+    for x, y in loader:
+        with policy.autocast():
+            correct += (model(x).argmax(dim=1) == y).sum()
+        total += len(y)
+    c, n = pdist.all_reduce_sum([correct.item(), float(total)], device)
+    return c / max(n, 1)
+
+
+def log(env: pdist.DistEnv, message: str) -> None:
+    if env.is_main:
+        print(f"paratrain: {message}", flush=True)
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    s = result["summary"]
+    acc = f"{s['val_accuracy']:.4f}" if s["val_accuracy"] is not None else "n/a"
+    redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
+    print(
+        f"paratrain: {result['strategy']} x{result['world_size']} {result['precision']}{redundant}: "
+        f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, "
+        f"{s['unique_samples_per_s']:,.1f} unique samples/s, held-out accuracy {acc}, "
+        f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})\n"
+        f"paratrain: results in {result['output_dir']}/result.json",
+        flush=True,
+    )
+
+
+def _version() -> str:
+    from paratrain import __version__
+
+    return __version__

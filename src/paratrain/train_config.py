@@ -1,0 +1,67 @@
+"""Configs of the training loop (train.py) and its output; kept apart so config.py can compose
+them without importing the loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    epochs: int = 1
+    """Passes over the training set (each rank's share of it, for ddp-rr / ddp-ds)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps, whatever epochs says."""
+    optimizer: Literal["sgd", "adamw"] = "adamw"
+    """sgd (with momentum) or adamw."""
+    lr: float = 1e-3
+    """Learning rate (constant, or the peak of the cosine schedule)."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """Decoupled (adamw) or L2 (sgd) weight decay."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """constant, or cosine decay to zero over the planned steps."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; DDP all-reduces only on the last one (no_sync)."""
+    activation_checkpointing: bool = False
+    """Recompute the trunk's activations in backward instead of storing them (less memory, more time)."""
+    channels_last: bool = False
+    """NHWC memory layout for conv nets; faster with tensor cores on CUDA."""
+    compile: bool = False
+    """torch.compile the model before wrapping it for data parallelism."""
+    cudnn_benchmark: bool = False
+    """Let cuDNN time its algorithms once per input shape and keep the fastest."""
+    deterministic: bool = False
+    """Deterministic kernels only (torch.use_deterministic_algorithms); for exact reproducibility."""
+    warmup_steps: int = 5
+    """Steps left out of throughput and step-time measurements (start-up, allocator, cuDNN autotune)."""
+    eval: bool = True
+    """Measure held-out accuracy at the end of every epoch."""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs: must be >= 1, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1 or null, got {self.max_steps}")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps: must be >= 1, got {self.grad_accum_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+
+
+@dataclass(kw_only=True)
+class LogConfig:
+    progress: bool = True
+    """Rank 0 shows a progress bar with throughput and ETA."""
+    every_steps: int = 10
+    """Refresh the loss shown on the bar every N steps (each refresh syncs the device)."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError(f"every_steps: must be >= 1, got {self.every_steps}")

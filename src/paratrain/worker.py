@@ -1,0 +1,27 @@
+"""Entry point of each process that torchrun's agent starts: ``python -m paratrain.worker CONFIG``.
+
+The config was resolved and validated by the launching command and written as YAML; a worker
+only loads it and trains.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from paratrain.config import load_config
+from paratrain.errors import UserError
+from paratrain.train import train
+
+
+def main(argv: list[str]) -> int:
+    (config_path,) = argv
+    try:
+        train(load_config(config_path))
+    except UserError as e:
+        print(f"paratrain: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+
+
+def run_cli(args, *, timeout=300, env=None, module="paratrain", check=True):
+    """Run `python -m paratrain ARGS` (or another module) in a subprocess; return the result."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def read_result(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "result.json").read_text())
+
+
+def final_weights(run_dir) -> dict:
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*.pt"))
+    assert ckpts, f"no checkpoint in {run_dir}"
+    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.fixture
+def tiny_overrides():
+    """A tiny, exact-comparison friendly run: tiny CNN (no BatchNorm, no dropout), CPU, SGD."""
+    return [
+        "--set",
+        "model.name=tiny_cnn",
+        "--set",
+        "device=cpu",
+        "--set",
+        "data.num_workers=0",
+        "--set",
+        "train.optimizer=sgd",
+        "--set",
+        "train.lr=0.05",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "train.eval=false",
+    ]
+
+
+def write_idx(path, array, compress=False):
+    """The MNIST IDX format: magic (0x08 = ubyte, then the rank), big-endian dims, bytes."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape
+    )
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+def make_mnist_dir(root, n_train=200, n_test=50, compress=False):
+    from paratrain.data.sources import mnist_sample_arrays
+
+    x, y = mnist_sample_arrays()
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    write_idx(raw / "train-images-idx3-ubyte", x[:n_train], compress)
+    write_idx(raw / "train-labels-idx1-ubyte", y[:n_train], compress)
+    write_idx(raw / "t10k-images-idx3-ubyte", x[-n_test:], compress)
+    write_idx(raw / "t10k-labels-idx1-ubyte", y[-n_test:], compress)
+    return x, y

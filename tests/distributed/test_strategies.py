@@ -1,0 +1,94 @@
+"""Every data-parallel strategy against a single-process run, on 2 CPU processes (gloo), launched
+through `paratrain run` and so through torchrun's elastic agent."""
+
+import pytest
+from conftest import final_weights, max_abs_diff, read_result, run_cli
+
+pytestmark = pytest.mark.dist
+
+# fp32 on the CPU; two ranks sum their gradients in a different order than one rank does, so
+# weights agree to rounding: 1e-5 absolute after 8 SGD steps (observed ~1e-7).
+TOL = 1e-5
+STEPS = ["--set", "train.max_steps=8", "--set", "data.limit_samples=512"]
+
+
+def train_run(tmp_path, name, tiny_overrides, *extra):
+    out = tmp_path / name
+    run_cli(["run", *tiny_overrides, *STEPS, *extra, "--output-dir", out])
+    return out
+
+
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory):
+    """Reference single-process runs with batch 16 and 32."""
+    from conftest import run_cli as rc
+
+    base = tmp_path_factory.mktemp("single")
+    tiny = ["--set", "model.name=tiny_cnn", "--set", "device=cpu", "--set", "data.num_workers=0",
+            "--set", "train.optimizer=sgd", "--set", "train.lr=0.05", "--set", "log.progress=false",
+            "--set", "train.eval=false"]
+    out = {}
+    for b in (16, 32):
+        rc(["run", *tiny, *STEPS, "--set", f"data.batch_size={b}", "--output-dir", base / f"b{b}"])
+        out[b] = final_weights(base / f"b{b}")
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ddp-ds", "ddp-rr"])
+def test_sharded_ddp_equals_single_with_world_times_batch(tmp_path, tiny_overrides, single_runs, strategy):
+    out = train_run(tmp_path, strategy, tiny_overrides, "--set", f"strategy={strategy}",
+                    "--set", "data.batch_size=16", "--nproc", "2")
+    assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
+    assert max_abs_diff(final_weights(out), single_runs[16]) > 1e-3  # and the check can fail
+    result = read_result(out)
+    assert result["world_size"] == 2 and result["backend"] == "gloo" and not result["redundant_data"]
+
+
+def test_ddp_full_is_redundant_single(tmp_path, tiny_overrides, single_runs):
+    out = train_run(tmp_path, "full", tiny_overrides, "--set", "strategy=ddp-full",
+                    "--set", "data.batch_size=16", "--nproc", "2")
+    # every rank sees the same batch of 16: the same weights as one process with 16
+    assert max_abs_diff(final_weights(out), single_runs[16]) < TOL
+    result = read_result(out)
+    assert result["redundant_data"]
+    s = result["summary"]
+    assert s["processed_samples_per_s"] == pytest.approx(2 * s["unique_samples_per_s"])
+
+
+def test_ddp_accumulation_with_no_sync(tmp_path, tiny_overrides, single_runs):
+    out = train_run(tmp_path, "acc", tiny_overrides, "--set", "strategy=ddp-ds",
+                    "--set", "data.batch_size=8", "--set", "train.grad_accum_steps=2", "--nproc", "2")
+    assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
+
+
+def test_dp_on_cpu_is_single(tmp_path, tiny_overrides, single_runs):
+    out = train_run(tmp_path, "dp", tiny_overrides, "--set", "strategy=dp", "--set", "data.batch_size=16")
+    assert max_abs_diff(final_weights(out), single_runs[16]) < TOL
+
+
+def test_resume_continues_bit_for_bit(tmp_path, tiny_overrides):
+    common = [*tiny_overrides, "--set", "strategy=ddp-ds", "--nproc", "2", "--set", "train.deterministic=true",
+              "--set", "data.limit_samples=256", "--set", "data.batch_size=16", "--set", "train.epochs=3",
+              "--set", "checkpoint.keep=0"]
+    # 256 samples / (2 x 16) = 8 steps an epoch; 24 in all; a checkpoint every 5 steps lands
+    # mid-epoch (step 10 is the 2nd step of epoch 1).
+    full = tmp_path / "full"
+    run_cli(["run", *common, "--set", "checkpoint.every_steps=5", "--output-dir", full])
+    assert read_result(full)["summary"]["optimizer_steps"] == 24
+    mid = full / "checkpoints" / "step_00000010.pt"
+    assert mid.is_file()
+    resumed = tmp_path / "resumed"
+    run_cli(["run", *common, "--resume", mid, "--output-dir", resumed])
+    r = read_result(resumed)["summary"]
+    assert r["optimizer_steps"] == 24 and r["steps_this_run"] == 14
+    assert max_abs_diff(final_weights(resumed), final_weights(full)) == 0.0
+
+
+def test_fp16_and_bf16_train_on_cpu_processes(tmp_path, tiny_overrides):
+    for precision in ("fp16", "bf16"):
+        out = train_run(tmp_path, precision, tiny_overrides, "--set", "strategy=ddp-ds",
+                        "--set", f"precision={precision}", "--nproc", "2", "--set", "train.eval=true",
+                        "--set", "data.batch_size=16")
+        s = read_result(out)["summary"]
+        assert s["optimizer_steps"] == 8 and s["val_accuracy"] is not None
+        assert (s["loss_scale"] is not None) == (precision == "fp16")

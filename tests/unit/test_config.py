@@ -1,0 +1,140 @@
+import dataclasses
+
+import pytest
+
+from paratrain.cli import main
+from paratrain.config import RunConfig, describe_keys, load_config, to_yaml
+from paratrain.errors import ConfigError
+
+
+def test_defaults_and_overrides_are_typed(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("strategy: ddp-rr\ndata:\n  batch_size: 32\n")
+    cfg = load_config(
+        recipe,
+        [
+            "precision=fp16",
+            "data.pin_memory=false",
+            "train.lr=1e-3",
+            "train.max_steps=7",
+            "scaler.init_scale=1024",
+            "checkpoint.dir=null",
+            "data.image_size=500",
+        ],
+    )
+    assert cfg.name == "r" and cfg.strategy == "ddp-rr" and cfg.data.batch_size == 32
+    assert cfg.precision == "fp16" and cfg.data.pin_memory is False
+    assert cfg.train.lr == pytest.approx(1e-3) and isinstance(cfg.train.lr, float)
+    assert cfg.train.max_steps == 7 and cfg.scaler.init_scale == 1024.0
+    assert cfg.checkpoint.dir is None and cfg.data.image_size == 500
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = load_config(None, ["strategy=ddp-ds", "data.batch_size=8", "precision=bf16"])
+    path = tmp_path / "c.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_every_key_has_a_docstring():
+    rows = describe_keys()
+    assert len(rows) > 40
+    missing = [key for key, _, doc in rows if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+
+
+def test_seed_scaler_defaults():
+    s = RunConfig().scaler
+    assert (s.init_scale, s.growth_factor, s.growth_interval) == (65536.0, 2.0, 2000)
+
+
+BAD = [
+    (
+        ["--set", "strategy=ddp"],
+        "strategy: got 'ddp'; accepted: single, dp, ddp-full, ddp-rr, ddp-ds",
+    ),
+    (["--set", "precision=fp8"], "precision: got 'fp8'"),
+    (["--set", "data.pin_memory=maybe"], "data.pin_memory: expected true or false, got 'maybe'"),
+    (["--set", "data.batch_size=0"], "data.batch_size: must be >= 1, got 0"),
+    (["--set", "data.batch_size=big"], "data.batch_size: expected an integer, got 'big'"),
+    (["--set", "data.bogus=1"], "data.bogus: unknown key"),
+    (["--set", "nonsense=1"], "nonsense: unknown key"),
+    (["--set", "train.lr=-1"], "train.lr: must be > 0"),
+    (["--set", "data.num_workers=-2"], "data.num_workers: must be >= 0"),
+    (["--set", "scaler.backoff_factor=2"], "scaler.backoff_factor: must be in (0, 1)"),
+    (
+        ["--set", "strategy=single", "--nproc", "2"],
+        "launch.nproc: strategy single runs in one process",
+    ),
+    (["--set", "data.source=mnist"], "data.path: source mnist reads files"),
+    (["--set", "model.name=no such model"], "model.name: got 'no such model'"),
+    (
+        ["--set", "precision=tf32", "--set", "device=cpu"],
+        "precision: tf32 is a CUDA tensor-core mode",
+    ),
+    (
+        ["--set", "data.prefetch_factor=2", "--set", "data.num_workers=0"],
+        "data.prefetch_factor: needs num_workers > 0",
+    ),
+    (["--set", "launch.nnodes=2"], "launch.rdzv_endpoint: a multi-node run needs host:port"),
+    (["--set", "strategy.x=1"], "strategy: got {'x': 1}; accepted"),
+    (["--set", "strategy=dp", "--set", "strategy.x=1"], "strategy: is a value, not a group"),
+    (["--set", "noequals"], "--set: expected key=value"),
+    (["--set", "data.image_size=3"], "data.image_size: must be in [8, 4096]"),
+    (["--set", "train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[b[1].split(":")[0] for b in BAD])
+def test_bad_config_is_one_line_exit_2(args, message, capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("precious")
+    code = main(["run", *args, "--output-dir", str(out_dir)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("paratrain: error: "), err
+    assert message in err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("strategy: [unclosed", "is not valid YAML"),
+        ("- a\n- b\n", "must hold a mapping of keys"),
+        ("data: 5\n", "data: expected a group of keys"),
+    ],
+)
+def test_bad_recipe_file(tmp_path, capsys, content, message):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(content)
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_recipe(capsys):
+    assert main(["run", "/nonexistent/recipe.yaml"]) == 2
+    assert "recipe: file not found" in capsys.readouterr().err
+
+
+def test_print_config_shows_resolved_values(capsys):
+    assert main(["run", "--set", "strategy=ddp-ds", "--nproc", "4", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy: ddp-ds" in out and "nproc: 4" in out
+
+
+def test_recipes_in_repo_all_load():
+    from conftest import RECIPES
+
+    recipes = sorted(RECIPES.glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        cfg = load_config(recipe)
+        assert dataclasses.is_dataclass(cfg)
+
+
+def test_config_error_is_value_error():
+    with pytest.raises(ConfigError):
+        load_config(None, ["data.shuffle=2"])

@@ -1,0 +1,64 @@
+from pathlib import Path
+
+from paratrain.launch import (
+    LaunchConfig,
+    first_slurm_host,
+    launched_by_torchrun,
+    slurm_rank_env,
+    torchrun_argv,
+)
+
+
+def test_torchrun_detection():
+    assert launched_by_torchrun({"TORCHELASTIC_RUN_ID": "x"})
+    assert launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert not launched_by_torchrun({"RANK": "0"})
+
+
+def test_slurm_tasks_become_ranks():
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NODELIST": "gpu[003-004]",
+        "SLURM_NTASKS_PER_NODE": "4(x2)",
+    }
+    out = slurm_rank_env(env)
+    assert out["RANK"] == "5" and out["WORLD_SIZE"] == "8" and out["LOCAL_RANK"] == "1"
+    assert out["LOCAL_WORLD_SIZE"] == "4" and out["MASTER_PORT"] == "21234"
+    assert out["MASTER_ADDR"] == "gpu003"
+
+
+def test_single_task_slurm_is_not_a_job_of_ranks():
+    assert slurm_rank_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+    assert slurm_rank_env({}) is None
+
+
+def test_first_slurm_host_forms():
+    assert first_slurm_host("node7") == "node7"
+    assert first_slurm_host("gpu[12,15-16],cpu1") == "gpu12"
+
+
+def test_torchrun_argv_single_node_is_standalone():
+    argv = torchrun_argv(LaunchConfig(), 4, Path("c.yaml"))
+    assert "--standalone" in argv and "--nproc-per-node=4" in argv
+    assert argv[-3:] == ["-m", "paratrain.worker", "c.yaml"]
+
+
+def test_torchrun_argv_multi_node_uses_c10d():
+    cfg = LaunchConfig(nnodes=2, node_rank=1, rdzv_endpoint="head:29400", max_restarts=3)
+    argv = torchrun_argv(cfg, 8, Path("c.yaml"))
+    assert "--standalone" not in argv
+    assert {
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head:29400",
+        "--max-restarts=3",
+    } <= set(argv)
+    # the arguments are torchrun's own: its parser accepts them
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    assert args.nnodes == "2" and args.rdzv_endpoint == "head:29400" and args.module

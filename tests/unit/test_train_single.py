@@ -1,0 +1,126 @@
+"""The loop in one process: accumulation, activation checkpointing, models."""
+
+import pytest
+import torch
+
+from paratrain.config import load_config
+from paratrain.models import build_model
+from paratrain.models.vision import build_mobilenet_v2, build_resnet50
+from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
+from paratrain.train import train
+
+BASE = [
+    "model.name=tiny_cnn",
+    "device=cpu",
+    "data.num_workers=0",
+    "train.optimizer=sgd",
+    "train.lr=0.05",
+    "log.progress=false",
+    "train.eval=false",
+    "data.limit_samples=512",
+]
+
+
+def run(tmp_path, name, extra):
+    cfg = load_config(None, BASE + [f"output_dir={tmp_path / name}"] + extra)
+    train(cfg)
+    ckpt = sorted((tmp_path / name / "checkpoints").glob("step_*.pt"))[-1]
+    return torch.load(ckpt, weights_only=False)["model"]
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_gradient_accumulation_equals_larger_batch(tmp_path):
+    big = run(tmp_path, "big", ["data.batch_size=32", "train.max_steps=6"])
+    acc = run(
+        tmp_path, "acc", ["data.batch_size=8", "train.grad_accum_steps=4", "train.max_steps=6"]
+    )
+    assert max_diff(big, acc) < 1e-5  # fp32 summation order differs; nothing else
+
+
+def test_accumulation_is_not_a_no_op(tmp_path):
+    """The comparison above can fail: a different batch gives different weights."""
+    big = run(tmp_path, "big", ["data.batch_size=32", "train.max_steps=6"])
+    small = run(tmp_path, "small", ["data.batch_size=8", "train.max_steps=6"])
+    assert max_diff(big, small) > 1e-3
+
+
+def test_activation_checkpointing_keeps_gradients_and_names():
+    torch.manual_seed(0)
+    a = build_model(load_config(None, ["model.name=tiny_cnn"]).model, 10, 1)
+    b = build_model(load_config(None, ["model.name=tiny_cnn"]).model, 10, 1)
+    b.load_state_dict(a.state_dict())
+    apply_activation_checkpointing(b)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    x = torch.randn(4, 1, 28, 28)
+    a(x).sum().backward()
+    b(x).sum().backward()
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def test_activation_checkpointing_recomputes():
+    model = build_mobilenet_v2(10, 1)
+    apply_activation_checkpointing(model)
+    calls = []
+    inner = model.features[3].conv[0]  # the first layer inside a checkpointed block
+    inner.register_forward_hook(lambda *a: calls.append(1))
+    model(torch.randn(2, 1, 32, 32)).sum().backward()
+    assert len(calls) == 2  # forward, then again in backward
+
+
+@pytest.mark.parametrize("builder", [build_mobilenet_v2, build_resnet50])
+def test_torchvision_models_take_one_channel(builder):
+    model = builder(10, 1).eval()
+    with torch.no_grad():
+        assert model(torch.randn(2, 1, 64, 64)).shape == (2, 10)
+    apply_activation_checkpointing(model)  # both have a sequential trunk
+
+
+def test_user_model_builder(tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "def build(num_classes, in_channels):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(in_channels*28*28, num_classes))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(
+        None,
+        [x for x in BASE if not x.startswith("model.")]
+        + [
+            "model.name=my_models:build",
+            "train.max_steps=3",
+            f"output_dir={tmp_path / 'u'}",
+            "train.eval=true",
+        ],
+    )
+    result = train(cfg)
+    assert (
+        result["summary"]["optimizer_steps"] == 3 and result["summary"]["val_accuracy"] is not None
+    )
+
+
+def test_fp64_trains_in_double(tmp_path):
+    weights = run(tmp_path, "f64", ["precision=fp64", "train.max_steps=2"])
+    assert all(v.dtype == torch.float64 for v in weights.values())
+
+
+def test_result_has_the_metrics(tmp_path):
+    cfg = load_config(
+        None,
+        BASE
+        + [
+            "train.max_steps=12",
+            "train.epochs=2",
+            "train.warmup_steps=2",
+            "train.eval=true",
+            f"output_dir={tmp_path / 'm'}",
+        ],
+    )
+    s = train(cfg)["summary"]
+    assert s["optimizer_steps"] == 12 and s["measured_steps"] == 10 and s["warmup_excluded"]
+    assert s["unique_samples_per_s"] > 0 and s["step_time_s"] > 0 and s["peak_memory_bytes"] > 0
+    assert 0 <= s["val_accuracy"] <= 1 and s["train_loss"] > 0
+    assert (tmp_path / "m" / "result.json").is_file() and (tmp_path / "m" / "config.yaml").is_file()
