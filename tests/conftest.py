@@ -94,3 +94,13 @@ def make_mnist_dir(root, n_train=200, n_test=50, compress=False):
     write_idx(raw / "t10k-images-idx3-ubyte", x[-n_test:], compress)
     write_idx(raw / "t10k-labels-idx1-ubyte", y[-n_test:], compress)
     return x, y
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run on a machine with CUDA (the lent device machine); elsewhere they skip."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -154,15 +154,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "data.num_workers=4",
         ]
     else:
-        # On the CPU a small CNN at MNIST's native 28x28 reaches ~97% in about a minute.
+        # On the CPU a small CNN at MNIST's native 28x28: ~96% held out in 12 epochs, ~15 s on
+        # 2 cores (MobileNetV2 at 28x28 is slower and, stride 32 on 28 pixels, less accurate).
         overrides += [
             "model.name=tiny_cnn",
             "device=cpu",
             "data.batch_size=32",
-            "train.epochs=3",
+            "train.epochs=12",
             "data.num_workers=0",
         ]
-    overrides.append(f"launch.nproc={args.nproc or max(gpus, 2)}")
+    overrides.append(f"launch.nproc={args.nproc or gpus or 2}")
     if args.epochs:
         overrides.append(f"train.epochs={args.epochs}")
     if args.max_steps:

@@ -25,9 +25,26 @@ def test_demo_end_to_end(tmp_path):
 
 def test_run_under_outside_torchrun(tmp_path, tiny_overrides):
     out = tmp_path / "tr"
-    run_cli(["--standalone", "--nproc-per-node", "2", "-m", "paratrain", "run", *tiny_overrides,
-             "--set", "strategy=ddp-ds", "--set", "train.max_steps=5", "--set", "data.batch_size=16",
-             "--output-dir", out], module="torch.distributed.run")
+    run_cli(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "paratrain",
+            "run",
+            *tiny_overrides,
+            "--set",
+            "strategy=ddp-ds",
+            "--set",
+            "train.max_steps=5",
+            "--set",
+            "data.batch_size=16",
+            "--output-dir",
+            out,
+        ],
+        module="torch.distributed.run",
+    )
     result = read_result(out)
     assert result["world_size"] == 2 and result["summary"]["optimizer_steps"] == 5
     # it joined the job torchrun made instead of launching its own
@@ -46,12 +63,37 @@ def test_run_inside_a_slurm_step(tmp_path, tiny_overrides):
     port = str(_free_port())
     procs = []
     for rank in range(2):
-        env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2",
-                   SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_ID="1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "paratrain", "run", *tiny_overrides, "--set", "strategy=ddp-ds",
-               "--set", "train.max_steps=4", "--set", "data.batch_size=16", "--output-dir", str(out)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_NTASKS_PER_NODE="2",
+            SLURM_JOB_NODELIST="127.0.0.1",
+            SLURM_JOB_ID="1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "run",
+            *tiny_overrides,
+            "--set",
+            "strategy=ddp-ds",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "data.batch_size=16",
+            "--output-dir",
+            str(out),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     result = read_result(out)
@@ -59,8 +101,22 @@ def test_run_inside_a_slurm_step(tmp_path, tiny_overrides):
 
 
 def test_missing_mnist_files_fail_before_any_worker_starts(tmp_path):
-    proc = run_cli(["run", "--set", "data.source=mnist", "--set", f"data.path={tmp_path}",
-                    "--set", "strategy=ddp-ds", "--nproc", "2", "--set", "device=cpu"], check=False)
+    proc = run_cli(
+        [
+            "run",
+            "--set",
+            "data.source=mnist",
+            "--set",
+            f"data.path={tmp_path}",
+            "--set",
+            "strategy=ddp-ds",
+            "--nproc",
+            "2",
+            "--set",
+            "device=cpu",
+        ],
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "train-images-idx3-ubyte" in proc.stderr
     assert "Traceback" not in proc.stderr and "torchrun" not in proc.stdout
@@ -69,9 +125,32 @@ def test_missing_mnist_files_fail_before_any_worker_starts(tmp_path):
 def test_mnist_idx_recipe_runs(tmp_path):
     make_mnist_dir(tmp_path / "mnist", n_train=256, n_test=64)
     out = tmp_path / "run"
-    run_cli(["run", RECIPES / "mnist_mobilenetv2.yaml", "--set", f"data.path={tmp_path / 'mnist'}",
-             "--set", "data.image_size=32", "--set", "data.batch_size=16", "--set", "data.num_workers=1",
-             "--set", "train.max_steps=3", "--set", "device=cpu", "--set", "log.progress=false",
-             "--nproc", "2", "--output-dir", out])
+    run_cli(
+        [
+            "run",
+            RECIPES / "mnist_mobilenetv2.yaml",
+            "--set",
+            f"data.path={tmp_path / 'mnist'}",
+            "--set",
+            "data.image_size=32",
+            "--set",
+            "data.batch_size=16",
+            "--set",
+            "data.num_workers=1",
+            "--set",
+            "train.max_steps=3",
+            "--set",
+            "device=cpu",
+            "--set",
+            "log.progress=false",
+            "--nproc",
+            "2",
+            "--output-dir",
+            out,
+        ]
+    )
     result = read_result(out)
-    assert result["config"]["model"]["name"] == "mobilenet_v2" and result["summary"]["optimizer_steps"] == 3
+    assert (
+        result["config"]["model"]["name"] == "mobilenet_v2"
+        and result["summary"]["optimizer_steps"] == 3
+    )

@@ -24,9 +24,22 @@ def single_runs(tmp_path_factory):
     from conftest import run_cli as rc
 
     base = tmp_path_factory.mktemp("single")
-    tiny = ["--set", "model.name=tiny_cnn", "--set", "device=cpu", "--set", "data.num_workers=0",
-            "--set", "train.optimizer=sgd", "--set", "train.lr=0.05", "--set", "log.progress=false",
-            "--set", "train.eval=false"]
+    tiny = [
+        "--set",
+        "model.name=tiny_cnn",
+        "--set",
+        "device=cpu",
+        "--set",
+        "data.num_workers=0",
+        "--set",
+        "train.optimizer=sgd",
+        "--set",
+        "train.lr=0.05",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "train.eval=false",
+    ]
     out = {}
     for b in (16, 32):
         rc(["run", *tiny, *STEPS, "--set", f"data.batch_size={b}", "--output-dir", base / f"b{b}"])
@@ -35,18 +48,40 @@ def single_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("strategy", ["ddp-ds", "ddp-rr"])
-def test_sharded_ddp_equals_single_with_world_times_batch(tmp_path, tiny_overrides, single_runs, strategy):
-    out = train_run(tmp_path, strategy, tiny_overrides, "--set", f"strategy={strategy}",
-                    "--set", "data.batch_size=16", "--nproc", "2")
+def test_sharded_ddp_equals_single_with_world_times_batch(
+    tmp_path, tiny_overrides, single_runs, strategy
+):
+    out = train_run(
+        tmp_path,
+        strategy,
+        tiny_overrides,
+        "--set",
+        f"strategy={strategy}",
+        "--set",
+        "data.batch_size=16",
+        "--nproc",
+        "2",
+    )
     assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
     assert max_abs_diff(final_weights(out), single_runs[16]) > 1e-3  # and the check can fail
     result = read_result(out)
-    assert result["world_size"] == 2 and result["backend"] == "gloo" and not result["redundant_data"]
+    assert (
+        result["world_size"] == 2 and result["backend"] == "gloo" and not result["redundant_data"]
+    )
 
 
 def test_ddp_full_is_redundant_single(tmp_path, tiny_overrides, single_runs):
-    out = train_run(tmp_path, "full", tiny_overrides, "--set", "strategy=ddp-full",
-                    "--set", "data.batch_size=16", "--nproc", "2")
+    out = train_run(
+        tmp_path,
+        "full",
+        tiny_overrides,
+        "--set",
+        "strategy=ddp-full",
+        "--set",
+        "data.batch_size=16",
+        "--nproc",
+        "2",
+    )
     # every rank sees the same batch of 16: the same weights as one process with 16
     assert max_abs_diff(final_weights(out), single_runs[16]) < TOL
     result = read_result(out)
@@ -56,20 +91,47 @@ def test_ddp_full_is_redundant_single(tmp_path, tiny_overrides, single_runs):
 
 
 def test_ddp_accumulation_with_no_sync(tmp_path, tiny_overrides, single_runs):
-    out = train_run(tmp_path, "acc", tiny_overrides, "--set", "strategy=ddp-ds",
-                    "--set", "data.batch_size=8", "--set", "train.grad_accum_steps=2", "--nproc", "2")
+    out = train_run(
+        tmp_path,
+        "acc",
+        tiny_overrides,
+        "--set",
+        "strategy=ddp-ds",
+        "--set",
+        "data.batch_size=8",
+        "--set",
+        "train.grad_accum_steps=2",
+        "--nproc",
+        "2",
+    )
     assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
 
 
 def test_dp_on_cpu_is_single(tmp_path, tiny_overrides, single_runs):
-    out = train_run(tmp_path, "dp", tiny_overrides, "--set", "strategy=dp", "--set", "data.batch_size=16")
+    out = train_run(
+        tmp_path, "dp", tiny_overrides, "--set", "strategy=dp", "--set", "data.batch_size=16"
+    )
     assert max_abs_diff(final_weights(out), single_runs[16]) < TOL
 
 
 def test_resume_continues_bit_for_bit(tmp_path, tiny_overrides):
-    common = [*tiny_overrides, "--set", "strategy=ddp-ds", "--nproc", "2", "--set", "train.deterministic=true",
-              "--set", "data.limit_samples=256", "--set", "data.batch_size=16", "--set", "train.epochs=3",
-              "--set", "checkpoint.keep=0"]
+    common = [
+        *tiny_overrides,
+        "--set",
+        "strategy=ddp-ds",
+        "--nproc",
+        "2",
+        "--set",
+        "train.deterministic=true",
+        "--set",
+        "data.limit_samples=256",
+        "--set",
+        "data.batch_size=16",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "checkpoint.keep=0",
+    ]
     # 256 samples / (2 x 16) = 8 steps an epoch; 24 in all; a checkpoint every 5 steps lands
     # mid-epoch (step 10 is the 2nd step of epoch 1).
     full = tmp_path / "full"
@@ -86,9 +148,21 @@ def test_resume_continues_bit_for_bit(tmp_path, tiny_overrides):
 
 def test_fp16_and_bf16_train_on_cpu_processes(tmp_path, tiny_overrides):
     for precision in ("fp16", "bf16"):
-        out = train_run(tmp_path, precision, tiny_overrides, "--set", "strategy=ddp-ds",
-                        "--set", f"precision={precision}", "--nproc", "2", "--set", "train.eval=true",
-                        "--set", "data.batch_size=16")
+        out = train_run(
+            tmp_path,
+            precision,
+            tiny_overrides,
+            "--set",
+            "strategy=ddp-ds",
+            "--set",
+            f"precision={precision}",
+            "--nproc",
+            "2",
+            "--set",
+            "train.eval=true",
+            "--set",
+            "data.batch_size=16",
+        )
         s = read_result(out)["summary"]
         assert s["optimizer_steps"] == 8 and s["val_accuracy"] is not None
         assert (s["loss_scale"] is not None) == (precision == "fp16")

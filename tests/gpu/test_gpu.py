@@ -1,0 +1,166 @@
+"""GPU behaviour: NCCL, pinned memory, device-side resize, prefetch stream, tf32 switches.
+Marked `gpu`: skipped without CUDA; run on the lent GPU machine."""
+
+import pytest
+import torch
+from conftest import final_weights, read_result, run_cli
+
+from paratrain.data.device import DeviceLoader
+from paratrain.data.sources import load_mnist_sample
+from paratrain.data.transforms import Prepared
+from paratrain.precision import build_policy
+
+pytestmark = pytest.mark.gpu
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+GPU_RUN = [
+    "--set",
+    "model.name=tiny_cnn",
+    "--set",
+    "log.progress=false",
+    "--set",
+    "data.num_workers=2",
+    "--set",
+    "data.limit_samples=1024",
+    "--set",
+    "data.batch_size=32",
+    "--set",
+    "train.optimizer=sgd",
+    "--set",
+    "train.lr=0.05",
+]
+
+
+def test_gpu_resize_matches_cpu_resize():
+    src = load_mnist_sample()
+    cpu = torch.stack(
+        [Prepared(src.train, 500, src.mean, src.std, on_cpu=True)[i][0] for i in range(8)]
+    )
+    raw = torch.stack([src.train[i][0] for i in range(8)]).pin_memory()
+    dev = torch.device("cuda", 0)
+    loader = DeviceLoader(
+        [(raw, torch.zeros(8, dtype=torch.long))],
+        dev,
+        dtype=torch.float32,
+        size=500,
+        mean=src.mean,
+        std=src.std,
+        finish_on_device=True,
+        non_blocking=True,
+        channels_last=False,
+        prefetch=True,
+    )
+    x, y = next(iter(loader))
+    assert x.device == dev and x.shape == (8, 1, 500, 500)
+    torch.testing.assert_close(x.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_prefetch_stream_yields_the_same_batches():
+    dev = torch.device("cuda", 0)
+    batches = [
+        (torch.randint(0, 255, (4, 1, 28, 28), dtype=torch.uint8).pin_memory(), torch.arange(4))
+        for _ in range(5)
+    ]
+    kw = dict(
+        dtype=torch.float32,
+        size=64,
+        mean=(0.5,),
+        std=(0.5,),
+        finish_on_device=True,
+        non_blocking=True,
+        channels_last=True,
+    )
+    a = [x.cpu() for x, _ in DeviceLoader(batches, dev, prefetch=True, **kw)]
+    b = [x.cpu() for x, _ in DeviceLoader(batches, dev, prefetch=False, **kw)]
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_fp32_is_ieee_and_tf32_uses_tensor_cores():
+    dev = torch.device("cuda", 0)
+    build_policy("fp32", dev)
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+    build_policy("tf32", dev)
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+
+
+def test_single_gpu_run_pins_memory(tmp_path):
+    out = tmp_path / "one"
+    run_cli(
+        [
+            "run",
+            *GPU_RUN,
+            "--set",
+            "precision=bf16",
+            "--set",
+            "train.max_steps=10",
+            "--output-dir",
+            out,
+        ]
+    )
+    r = read_result(out)
+    assert r["hardware"]["device_type"] == "cuda" and r["effective"]["pin_memory"] is True
+    assert r["summary"]["peak_memory_kind"] == "cuda_max_allocated"
+
+
+@two_gpus
+def test_ddp_ds_on_two_gpus_matches_single_gpu(tmp_path):
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    common = [*GPU_RUN, "--set", "train.max_steps=8", "--set", "train.eval=false"]
+    run_cli(
+        [
+            "run",
+            *common,
+            "--set",
+            "strategy=ddp-ds",
+            "--nproc",
+            "2",
+            "--set",
+            "data.resize_on=gpu",
+            "--set",
+            "data.prefetch_to_device=true",
+            "--output-dir",
+            ddp,
+        ]
+    )
+    run_cli(["run", *common, "--set", "data.batch_size=64", "--output-dir", single])
+    r = read_result(ddp)
+    assert r["backend"] == "nccl" and r["world_size"] == 2
+    a, b = final_weights(ddp), final_weights(single)
+    # IEEE fp32 on both sides (tf32 off); the GPU's reduction order differs from one GPU's
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+
+
+@two_gpus
+def test_dp_uses_every_gpu(tmp_path):
+    out = tmp_path / "dp"
+    run_cli(
+        ["run", *GPU_RUN, "--set", "strategy=dp", "--set", "train.max_steps=4", "--output-dir", out]
+    )
+    r = read_result(out)
+    assert (
+        r["dp_gpus"] == torch.cuda.device_count()
+        and r["effective"]["loader_batch"] == 32 * r["dp_gpus"]
+    )
+
+
+@two_gpus
+def test_fp16_ddp_on_two_gpus(tmp_path):
+    out = tmp_path / "fp16"
+    run_cli(
+        [
+            "run",
+            *GPU_RUN,
+            "--set",
+            "strategy=ddp-ds",
+            "--set",
+            "precision=fp16",
+            "--nproc",
+            "2",
+            "--set",
+            "train.epochs=2",
+            "--output-dir",
+            out,
+        ]
+    )
+    s = read_result(out)["summary"]
+    assert s["loss_scale"] > 0 and s["val_accuracy"] > 0.5
