@@ -64,6 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", help="where the result goes (default runs/demo-<time>)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="run a sweep of configurations and store every result")
+    bench.add_argument("sweep", help="sweep YAML (recipes/bench/*.yaml)")
+    bench.add_argument("--db", default="paratrain-results.db", help="SQLite results file")
+    bench.add_argument("--runs-dir", default="runs/bench", help="where each run's files go")
+    bench.add_argument("--rerun", action="store_true", help="run again what already succeeded")
+    bench.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=cmd_bench)
+
+    report = sub.add_parser(
+        "report", help="tables (and plots) from stored results, beside the seed's"
+    )
+    report.add_argument("--db", default="paratrain-results.db", help="SQLite results file")
+    report.add_argument("--sweep", action="append", help="only these sweeps (repeatable)")
+    report.add_argument("--format", choices=("md", "csv", "html"), default="md")
+    report.add_argument("--out", help="write the report here instead of printing it")
+    report.add_argument(
+        "--plot", nargs="?", const="plots", metavar="DIR", help="write PNG plots to DIR"
+    )
+    report.add_argument("--export-csv", metavar="FILE", help="also export every stored run as CSV")
+    report.set_defaults(func=cmd_report)
     return parser
 
 
@@ -126,6 +147,78 @@ def cmd_run(args: argparse.Namespace) -> int:
     from paratrain.runner import execute
 
     return execute(cfg)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from paratrain.bench.execute import run_sweep
+    from paratrain.bench.store import Store
+    from paratrain.bench.sweep import load_sweep
+
+    sweep = load_sweep(args.sweep)  # every run's config is validated before anything runs
+    if args.dry_run:
+        for run in sweep.runs:
+            print(f"{run.key} {run.label} [{run.program}] {run.params} #{run.repeat}")
+        return 0
+    counts = run_sweep(
+        sweep, Store(args.db), Path(args.runs_dir), rerun=args.rerun, progress=not args.no_progress
+    )
+    print(
+        f"paratrain bench: {sweep.name}: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + f"; results in {args.db}"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from paratrain.bench import render
+    from paratrain.bench.report import build_report, group_rows
+    from paratrain.bench.store import Store
+
+    if not Path(args.db).is_file():
+        raise UserError(f"--db: no results file at {args.db}; run `paratrain bench` first")
+    store = Store(args.db)
+    sweeps = store.sweeps()
+    names = args.sweep or list(sweeps)
+    missing = [n for n in names if n not in sweeps]
+    if missing:
+        raise UserError(
+            f"--sweep: {missing[0]} is not in {args.db}; stored: {', '.join(sweeps) or 'none'}"
+        )
+    data = {n: (sweeps[n][0], sweeps[n][1], store.rows(n)) for n in names}
+    tables, preamble = build_report(data)
+    if args.format == "md":
+        text = render.to_markdown(tables, preamble)
+    elif args.format == "csv":
+        text = render.to_csv(tables)
+    else:
+        text = render.to_html(tables, preamble)
+    if args.plot:
+        from paratrain.bench.plots import plots_for
+
+        made = [
+            p
+            for n, (kind, _, rows) in data.items()
+            for p in plots_for(kind, n, group_rows(rows), Path(args.plot))
+        ]
+        if args.format == "md" and made:
+            text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p})" for p in made) + "\n"
+        print(
+            f"paratrain report: plots: {', '.join(map(str, made)) or 'none (nothing to plot)'}",
+            flush=True,
+        )
+    if args.export_csv:
+        store.export_csv(args.export_csv)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"paratrain report: written to {args.out}")
+    else:
+        print(text)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -87,7 +87,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
-    inner = torch.compile(model) if tc.compile else model
+    inner = torch.compile(model, mode=tc.compile_mode) if tc.compile else model
     model = spec.apply(inner, device)  # DP / DDP wrapper last: it must see the final module
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank

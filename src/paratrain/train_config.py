@@ -31,6 +31,10 @@ class TrainConfig:
     """NHWC memory layout for conv nets; faster with tensor cores on CUDA."""
     compile: bool = False
     """torch.compile the model before wrapping it for data parallelism."""
+    compile_mode: Literal[
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = "default"
+    """torch.compile mode; reduce-overhead and max-autotune replay CUDA graphs (fewer launches)."""
     cudnn_benchmark: bool = False
     """Let cuDNN time its algorithms once per input shape and keep the fastest."""
     deterministic: bool = False

@@ -1,0 +1,1 @@
+"""paratrain bench: sweeps that compare paratrain's training loop with reference programs."""

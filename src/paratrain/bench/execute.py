@@ -1,0 +1,180 @@
+"""Run a sweep: each run in its own process (a crash, OOM or hang takes only that run), its
+result stored at once; a failed run is recorded with its error and the sweep goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from paratrain.bench.store import Row, Store
+from paratrain.bench.sweep import RunSpec, Sweep
+from paratrain.config import to_yaml
+from paratrain.launch import default_nproc
+from paratrain.metrics import git_commit
+from paratrain.parallel import STRATEGIES
+
+PEER_MODULES = {
+    "plain": "paratrain.bench.peers.plain",
+    "accelerate": "paratrain.bench.peers.accelerate_ref",
+    "fabric": "paratrain.bench.peers.fabric_ref",
+    "sol": "paratrain.bench.peers.sol",
+}
+SKIPPED_EXIT = 3  # a peer whose library is not installed
+
+
+def command_for(run: RunSpec, run_dir: Path) -> list[str]:
+    """The command line of one run. paratrain launches itself (through torchrun); peers are
+    started by torchrun directly, the speed-of-light program as one process."""
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(to_yaml(run.config))
+    py = sys.executable
+    if run.program == "paratrain":
+        return [py, "-m", "paratrain", "run", str(config_path), "--output-dir", str(run_dir)]
+    module = PEER_MODULES[run.program]
+    if run.program == "sol":
+        return [py, "-m", module, str(config_path), str(run_dir)]
+    nproc = run.config.launch.nproc or default_nproc(STRATEGIES[run.config.strategy].multiprocess)
+    return [
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        str(config_path),
+        str(run_dir),
+    ]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "result.json").unlink(missing_ok=True)
+    cmd = command_for(run, run_dir)
+    started = _now()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    status, error = "ok", None
+    log_path = run_dir / "log.txt"
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        try:
+            # A new session so that a timeout kills torchrun's workers too, not only the agent.
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = None
+            status, error = "timeout", f"no result after {timeout_s:.0f} s"
+    output = log_path.read_text()
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if code == SKIPPED_EXIT:
+        status, error = "skipped", _tail(output, 1)
+    elif code not in (0, None):
+        status, error = "failed", f"exit {code}: " + _tail(output)
+    elif code == 0 and result is None:
+        status, error = "failed", "exited 0 without result.json: " + _tail(output)
+    summary = (result or {}).get("summary") or {}
+    return Row(
+        run_key=run.key,
+        sweep=run.sweep,
+        label=run.label,
+        program=run.program,
+        repeat=run.repeat,
+        params=run.params,
+        config=run.config.to_dict(),
+        hardware=(result or {}).get("hardware") or _host(),
+        git_commit=git_commit(),
+        started_at=started,
+        finished_at=_now(),
+        status=status,
+        error=error,
+        unique_samples_per_s=summary.get("unique_samples_per_s"),
+        step_time_s=summary.get("step_time_s"),
+        val_accuracy=summary.get("val_accuracy"),
+        peak_memory_bytes=summary.get("peak_memory_bytes"),
+        metrics=summary or None,
+        result=result,
+    )
+
+
+def _host() -> dict:
+    import torch
+
+    from paratrain.metrics import hardware
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return hardware(device, 1)
+
+
+def run_sweep(
+    sweep: Sweep, store: Store, runs_dir: Path, *, rerun: bool = False, progress: bool = True
+) -> dict[str, int]:
+    store.save_sweep(sweep.name, sweep.table, sweep.spec, _now())
+    todo = [r for r in sweep.runs if rerun or store.status_of(r.key) != "ok"]
+    counts = {
+        "ok": 0,
+        "failed": 0,
+        "timeout": 0,
+        "skipped": 0,
+        "done before": len(sweep.runs) - len(todo),
+    }
+    bar = None
+    if progress:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[current]}"),
+        )
+        task = bar.add_task(f"sweep {sweep.name}", total=len(todo), current="")
+        bar.start()
+    try:
+        for i, run in enumerate(todo):
+            what = f"{run.label} {_describe(run.params)} #{run.repeat}"
+            if bar:
+                bar.update(task, current=what)
+            row = execute_run(run, runs_dir / sweep.name / run.key, sweep.timeout_s)
+            store.put(row)
+            counts[row.status] += 1
+            line = f"[{i + 1}/{len(todo)}] {what}: {row.status}"
+            if row.status == "ok" and row.unique_samples_per_s:
+                line += f", {row.unique_samples_per_s:,.1f} unique samples/s"
+            elif row.error:
+                line += f" ({row.error.splitlines()[-1][:200]})"
+            (bar.console.print(line, highlight=False) if bar else print(line, flush=True))
+            if bar:
+                bar.advance(task)
+    finally:
+        if bar:
+            bar.stop()
+    return counts
+
+
+def _describe(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())

@@ -1,0 +1,91 @@
+"""PNG plots for the report (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from paratrain.bench.report import Group  # noqa: E402
+
+
+def _name(g: Group, key: str) -> str:
+    return g.label if key == "label" else str(g.get(key))
+
+
+def speedup_plot(groups: list[Group], path: Path, key: str = "strategy") -> Path | None:
+    """Speedup vs processes per strategy, with the ideal line."""
+    series: dict[str, dict[int, float]] = {}
+    for g in groups:
+        if g.thr:
+            series.setdefault(_name(g, key), {})[g.nproc] = g.thr.median
+    series = {k: v for k, v in series.items() if 1 in v and len(v) > 1}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    n_max = max(n for v in series.values() for n in v)
+    ax.plot([1, n_max], [1, n_max], "k--", label="ideal")
+    for name, points in sorted(series.items()):
+        ns = sorted(points)
+        ax.plot(ns, [points[n] / points[1] for n in ns], "o-", label=name)
+    ax.set_xlabel("processes (GPUs)")
+    ax.set_ylabel("speedup, unique samples/s")
+    ax.set_xticks(range(1, n_max + 1))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def bars_plot(groups: list[Group], path: Path, key: str, title: str) -> Path | None:
+    """Throughput and peak memory per value of `key` (precision, a label, ...)."""
+    items = [(f"{_name(g, key)} x{g.nproc}", g) for g in groups if g.thr]
+    if not items:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [n for n, _ in items]
+    a.bar(
+        names,
+        [g.thr.median for _, g in items],
+        yerr=[
+            [g.thr.median - g.thr.low for _, g in items],
+            [g.thr.high - g.thr.median for _, g in items],
+        ],
+    )
+    a.set_ylabel("unique samples/s")
+    b.bar(names, [(g.mem.median if g.mem else 0) / 2**30 for _, g in items], color="tab:orange")
+    b.set_ylabel("peak memory per device, GiB")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = []
+    if kind == "dp_modes":
+        made.append(speedup_plot(groups, out_dir / f"{name}_speedup.png"))
+    elif kind == "precision":
+        made.append(
+            bars_plot(groups, out_dir / f"{name}_precision.png", "precision", "per precision")
+        )
+    elif kind == "variants":
+        made.append(speedup_plot(groups, out_dir / f"{name}_speedup.png", key="label"))
+        made.append(
+            bars_plot(
+                groups, out_dir / f"{name}_throughput.png", "label", "configurations and peers"
+            )
+        )
+    else:
+        made.append(bars_plot(groups, out_dir / f"{name}_runs.png", "label", name))
+    return [p for p in made if p is not None]

@@ -1,0 +1,389 @@
+"""From stored runs to the seed's tables, ours beside the seed's, with the arithmetic stated."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from paratrain.bench import arith
+from paratrain.bench.arith import Stat
+from paratrain.bench.render import Table
+from paratrain.bench.store import Row
+
+EPOCH = 60_000  # MNIST's training set: times are reported for one such epoch, from throughput
+
+ARITHMETIC = [
+    "Throughput counts unique samples (ddp-full's repeated samples are not counted) over the "
+    "measured steps, warm-up steps excluded; evaluation and checkpointing are not timed.",
+    "Speedup(N) = unique throughput on N processes / on 1, at equal precision and per-GPU batch; "
+    "efficiency = speedup / N. With repeats: median [min-max].",
+    f"'Epoch s' is derived: {EPOCH:,} images / measured throughput (the seed's times are whole runs "
+    "of unstated length, so compare ratios, not seconds).",
+]
+
+
+def seed_tables() -> dict[str, Any]:
+    text = resources.files("paratrain.bench").joinpath("seed_tables.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+@dataclass
+class Group:
+    label: str
+    program: str
+    params: dict[str, Any]
+    config: dict[str, Any]
+    thr: Stat | None
+    step: Stat | None
+    acc: Stat | None
+    mem: Stat | None
+    failed: list[str]
+    redundant: bool
+
+    @property
+    def nproc(self) -> int:
+        return int(self.params.get("launch.nproc") or self.config["launch"]["nproc"] or 1)
+
+    def get(self, key: str) -> Any:
+        """A config value by dotted key ('strategy', 'data.pin_memory')."""
+        node: Any = self.config
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+
+def group_rows(rows: list[Row]) -> list[Group]:
+    buckets: dict[str, list[Row]] = {}
+    for r in rows:
+        buckets.setdefault(
+            json.dumps([r.label, r.program, r.params], sort_keys=True, default=str), []
+        ).append(r)
+    groups = []
+    for members in buckets.values():
+        ok = [r for r in members if r.status == "ok"]
+        first = members[0]
+        groups.append(
+            Group(
+                label=first.label,
+                program=first.program,
+                params=first.params,
+                config=first.config,
+                thr=arith.stat([r.unique_samples_per_s for r in ok]),
+                step=arith.stat([r.step_time_s for r in ok]),
+                acc=arith.stat([r.val_accuracy for r in ok]),
+                mem=arith.stat([r.peak_memory_bytes for r in ok]),
+                failed=[
+                    f"{r.status}: {(r.error or '').splitlines()[-1][:120] if r.error else ''}"
+                    for r in members
+                    if r.status != "ok"
+                ],
+                redundant=any((r.result or {}).get("redundant_data") for r in ok),
+            )
+        )
+    return groups
+
+
+def _fmt(x: float | None, spec: str = ",.0f", suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _gib(s: Stat | None) -> str:
+    return s.fmt(1, 1 / 2**30) if s else "n/a"
+
+
+def _acc(s: Stat | None) -> str:
+    return s.fmt(1, 100) + "%" if s else "n/a"
+
+
+def failures(groups: list[Group]) -> list[str]:
+    return [f"{g.label} {g.params}: {msg}" for g in groups for msg in g.failed]
+
+
+# ------------------------------------------------------------------------------ the seed's layouts
+
+
+def dp_modes_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, dict[str, float]]:
+    n_max = max((g.nproc for g in groups), default=1)
+    headers = [
+        "strategy",
+        "img/s 1 proc",
+        f"img/s {n_max} procs",
+        "speedup",
+        "efficiency",
+        "epoch s 1",
+        f"epoch s {n_max}",
+        "seed s 1 GPU",
+        f"seed s {seed['gpus']} GPUs",
+        "seed speedup",
+        "seed efficiency",
+    ]
+    rows, speedups = [], {}
+    for strategy in ("ddp-full", "ddp-rr", "ddp-ds"):
+        one = next(
+            (g for g in groups if g.get("strategy") == strategy and g.nproc == 1 and g.thr), None
+        )
+        many = next(
+            (g for g in groups if g.get("strategy") == strategy and g.nproc == n_max and g.thr),
+            None,
+        )
+        s = seed["rows"].get(strategy, {})
+        sp = arith.speedup(many.thr.median, one.thr.median) if one and many else None
+        if sp is not None:
+            speedups[strategy] = sp
+        name = strategy + (" (redundant data)" if strategy == "ddp-full" else "")
+        rows.append(
+            [
+                name,
+                one.thr.fmt() if one else "n/a",
+                many.thr.fmt() if many else "n/a",
+                _fmt(sp, ".2f", "x"),
+                _fmt(arith.efficiency(sp, n_max) * 100 if sp else None, ".0f", "%"),
+                _fmt(arith.time_for(EPOCH, one.thr.median) if one else None),
+                _fmt(arith.time_for(EPOCH, many.thr.median) if many else None),
+                _fmt(s.get("time_1")),
+                _fmt(s.get("time_n")),
+                _fmt(s.get("speedup"), ".2f", "x"),
+                _fmt(s["speedup"] / seed["gpus"] * 100 if s else None, ".0f", "%"),
+            ]
+        )
+    notes = [f"Ours on {n_max} processes, the seed's on {seed['gpus']} GPUs: compare efficiencies."]
+    return Table("Data-parallel modes (seed table 2.2)", headers, rows, notes), speedups
+
+
+def precision_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, dict[str, Group]]:
+    n_max = max((g.nproc for g in groups), default=1)
+    by = {g.get("precision"): g for g in groups if g.nproc == n_max}
+    base = by.get("fp32")
+    headers = [
+        "precision",
+        f"img/s ({n_max} procs)",
+        "epoch s",
+        "time vs fp32",
+        "held-out acc",
+        "peak GiB/GPU",
+        "seed s",
+        "seed time vs fp32",
+        "seed acc",
+        "seed GB",
+    ]
+    rows = []
+    seed_fp32 = seed["rows"]["fp32"]["time"]
+    for p in ("fp64", "fp32", "tf32", "fp16", "bf16"):
+        g, s = by.get(p), seed["rows"].get(p)
+        if g is None and s is None:
+            continue
+        rel = base.thr.median / g.thr.median if (g and g.thr and base and base.thr) else None
+        rows.append(
+            [
+                p,
+                g.thr.fmt() if g and g.thr else "n/a",
+                _fmt(arith.time_for(EPOCH, g.thr.median) if g and g.thr else None),
+                _fmt(rel, ".2f", "x"),
+                _acc(g.acc) if g else "n/a",
+                _gib(g.mem) if g else "n/a",
+                _fmt(s["time"] if s else None),
+                _fmt(s["time"] / seed_fp32 if s else None, ".2f", "x"),
+                _fmt(s["accuracy"] * 100 if s else None, ".2f", "%"),
+                _fmt(s["memory_gb"] if s else None),
+            ]
+        )
+    return Table("Precision (seed table 3.1)", headers, rows), by
+
+
+def pin_memory_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, float | None]:
+    by = {bool(g.get("data.pin_memory")): g for g in groups}
+    off, on = by.get(False), by.get(True)
+    sp = arith.speedup(on.thr.median, off.thr.median) if off and on and off.thr and on.thr else None
+    rows = []
+    for flag, g in ((False, off), (True, on)):
+        s = seed["rows"]["true" if flag else "false"]
+        rows.append(
+            [
+                f"pin_memory={str(flag).lower()}",
+                g.thr.fmt() if g and g.thr else "n/a",
+                _fmt(arith.time_for(EPOCH, g.thr.median) if g and g.thr else None),
+                _fmt(sp if flag else 1.0, ".2f", "x") if sp else "n/a",
+                _fmt(s["time"]),
+                _fmt(s["speedup"], ".2f", "x"),
+            ]
+        )
+    headers = ["configuration", "img/s", "epoch s", "speedup", "seed s", "seed speedup"]
+    return Table("pin_memory (seed table 4.1)", headers, rows), sp
+
+
+def variants_table(groups: list[Group], reference: str | None) -> Table:
+    sol = {g.get("model.name"): g.thr.median for g in groups if g.program == "sol" and g.thr}
+    headers = [
+        "configuration",
+        "program",
+        "procs",
+        "img/s",
+        "img/s per GPU",
+        "scaling eff.",
+        f"vs {reference}" if reference else "vs reference",
+        "% of speed of light",
+        "step ms",
+        "peak GiB/GPU",
+    ]
+    rows = []
+    for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
+        if g.thr is None:
+            rows.append(
+                [g.label, g.program, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 6
+            )
+            continue
+        one = next((h for h in groups if h.label == g.label and h.nproc == 1 and h.thr), None)
+        ref = next(
+            (h for h in groups if h.label == reference and h.nproc == g.nproc and h.thr), None
+        )
+        eff = (
+            arith.efficiency(arith.speedup(g.thr.median, one.thr.median), g.nproc) if one else None
+        )
+        light = sol.get(g.get("model.name"))
+        per_gpu = g.thr.median / g.nproc
+        rows.append(
+            [
+                g.label,
+                g.program,
+                str(g.nproc),
+                g.thr.fmt(),
+                _fmt(per_gpu),
+                _fmt(eff * 100 if eff else None, ".1f", "%"),
+                _fmt(g.thr.median / ref.thr.median if ref else None, ".2f", "x"),
+                _fmt(per_gpu / light * 100 if light else None, ".0f", "%"),
+                g.step.fmt(1, 1000) if g.step else "n/a",
+                _gib(g.mem),
+            ]
+        )
+    return Table("Configurations and peers", headers, rows)
+
+
+def plain_table(groups: list[Group]) -> Table:
+    headers = ["configuration", "img/s", "step ms", "held-out acc", "peak GiB"]
+    rows = [
+        [
+            f"{g.label} {' '.join(f'{k}={v}' for k, v in g.params.items())}".strip(),
+            g.thr.fmt(1) if g.thr else "failed",
+            g.step.fmt(1, 1000) if g.step else "n/a",
+            _acc(g.acc),
+            _gib(g.mem),
+        ]
+        for g in groups
+    ]
+    return Table("Runs", headers, rows)
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def dp_claims(speedups: dict[str, float], n: int, seed: dict[str, Any]) -> list[str]:
+    out = []
+    ds = speedups.get("ddp-ds")
+    if ds is not None:
+        verdict = (
+            "contradicts it: ours stays at or below the ideal"
+            if ds <= n * 1.02
+            else "also exceeds the ideal here"
+        )
+        out.append(
+            f"Seed: DDP-DS speeds up {seed['rows']['ddp-ds']['speedup']}x on {seed['gpus']} GPUs, above the "
+            f"ideal {seed['gpus']}x (superlinear). Ours: {ds:.2f}x on {n} processes "
+            f"({ds / n:.0%} efficiency), which {verdict}."
+        )
+    full = speedups.get("ddp-full")
+    if full is not None:
+        out.append(
+            f"Seed: 'DDP' (every GPU iterates the full data) {seed['rows']['ddp-full']['speedup']}x. "
+            f"Ours ddp-full: {full:.2f}x in unique samples, as redundant work must give (about 1x); "
+            "the seed's 3.23x cannot be a unique-sample speedup."
+        )
+    rr = speedups.get("ddp-rr")
+    if rr is not None and ds is not None:
+        out.append(
+            f"Seed: DDP-RR {seed['rows']['ddp-rr']['speedup']}x vs DDP-DS {seed['rows']['ddp-ds']['speedup']}x. "
+            f"Ours: ddp-rr {rr:.2f}x vs ddp-ds {ds:.2f}x: both shard the data, "
+            + (
+                "and they scale alike."
+                if abs(rr - ds) / ds < 0.05
+                else f"and they differ by {abs(rr - ds) / ds:.0%}."
+            )
+        )
+    return out
+
+
+def precision_claims(by: dict[str, Group], seed_all: dict[str, Any]) -> list[str]:
+    t22, t31 = (
+        seed_all["dp_modes"]["rows"]["ddp-ds"]["time_n"],
+        seed_all["precision"]["rows"]["fp16"]["time"],
+    )
+    out = [
+        f"Seed: its DDP-DS 4-GPU time ({t22} s, table 2.2, precision unstated) equals its FP16 4-GPU time "
+        f"({t31} s, table 3.1), and its FP64 time (1937 s) equals its 'DDP' 4-GPU time: the tables look "
+        "copied from one another rather than measured separately."
+    ]
+    fp32, fp16 = by.get("fp32"), by.get("fp16")
+    if fp32 and fp16 and fp32.thr and fp16.thr:
+        out.append(
+            f"Ours: fp16 runs {fp16.thr.median / fp32.thr.median:.2f}x the fp32 throughput "
+            f"(seed: {seed_all['precision']['rows']['fp32']['time'] / t31:.2f}x)."
+        )
+    return out
+
+
+def build_report(
+    rows_by_sweep: dict[str, tuple[str, dict[str, Any], list[Row]]],
+) -> tuple[list[Table], list[str]]:
+    seed = seed_tables()
+    tables, claims, hw = [], [], None
+    for name, (kind, spec, rows) in rows_by_sweep.items():
+        groups = group_rows(rows)
+        hw = hw or next((r.hardware for r in rows if r.status == "ok" and r.hardware), None)
+        n_max = max((g.nproc for g in groups), default=1)
+        if kind == "dp_modes":
+            table, speedups = dp_modes_table(groups, seed["dp_modes"])
+            claims += dp_claims(speedups, n_max, seed["dp_modes"])
+        elif kind == "precision":
+            table, by = precision_table(groups, seed["precision"])
+            claims += precision_claims(by, seed)
+        elif kind == "pin_memory":
+            table, sp = pin_memory_table(groups, seed["pin_memory"])
+            if sp is not None:
+                claims.append(
+                    f"Seed: pin_memory gives {seed['pin_memory']['rows']['true']['speedup']}x (FP32, 4 GPUs). "
+                    f"Ours: {sp:.2f}x."
+                )
+        elif kind == "variants":
+            table = variants_table(groups, spec.get("reference"))
+        else:
+            table = plain_table(groups)
+        table.title = f"{table.title} — sweep `{name}`"
+        steps = {r.metrics.get("measured_steps") for r in rows if r.metrics}
+        table.notes.append(
+            f"{len(rows)} runs; measured steps per run: {sorted(s for s in steps if s is not None)}."
+        )
+        if spec.get("notes"):
+            table.notes.append(str(spec["notes"]).strip())
+        table.notes += [f"Not measured — {f}" for f in failures(groups)]
+        tables.append(table)
+    preamble = ["# paratrain benchmark report", ""]
+    if hw:
+        preamble.append(
+            f"Hardware: {hw.get('gpu_count_visible', 0)}x {hw.get('gpu_name', hw.get('device_type'))}, "
+            f"{hw.get('cpu_count')} CPUs, torch {hw.get('torch')}, CUDA {hw.get('cuda')}, "
+            f"driver {hw.get('driver')}, NCCL {hw.get('nccl')}."
+        )
+    preamble += ["", "How the numbers are computed:", *[f"- {a}" for a in ARITHMETIC]]
+    if claims:
+        tables.append(
+            Table(
+                "The seed's claims against our runs",
+                ["claim and verdict"],
+                [[c] for c in claims],
+                [f"Seed numbers from {seed['source']} (src/paratrain/bench/seed_tables.yaml)."],
+            )
+        )
+    return tables, preamble

@@ -1,0 +1,162 @@
+"""Results store: one SQLite file, one row per run.
+
+WAL journal: a report can read the file while a sweep writes it. Each run's row is committed as
+soon as the run ends, so a crash of the sweep loses no finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_key       TEXT PRIMARY KEY,
+    sweep         TEXT NOT NULL,
+    label         TEXT NOT NULL,
+    program       TEXT NOT NULL,
+    repeat        INTEGER NOT NULL,
+    params        TEXT NOT NULL,   -- JSON: the grid point / variant settings
+    config        TEXT NOT NULL,   -- JSON: the resolved RunConfig
+    hardware      TEXT,            -- JSON: GPU name and count, driver, CUDA, torch, CPUs
+    git_commit    TEXT,
+    started_at    TEXT,
+    finished_at   TEXT,
+    status        TEXT NOT NULL,   -- ok | failed | timeout | skipped
+    error         TEXT,
+    unique_samples_per_s REAL,
+    step_time_s   REAL,
+    val_accuracy  REAL,
+    peak_memory_bytes INTEGER,
+    metrics       TEXT,            -- JSON: the result's whole summary
+    result        TEXT             -- JSON: the whole result file
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+    name TEXT PRIMARY KEY,
+    table_kind TEXT NOT NULL,
+    spec TEXT NOT NULL,            -- JSON of the sweep file
+    updated_at TEXT NOT NULL
+);
+"""
+
+COLUMNS = (
+    "run_key",
+    "sweep",
+    "label",
+    "program",
+    "repeat",
+    "params",
+    "config",
+    "hardware",
+    "git_commit",
+    "started_at",
+    "finished_at",
+    "status",
+    "error",
+    "unique_samples_per_s",
+    "step_time_s",
+    "val_accuracy",
+    "peak_memory_bytes",
+    "metrics",
+    "result",
+)
+
+
+@dataclass
+class Row:
+    run_key: str
+    sweep: str
+    label: str
+    program: str
+    repeat: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    hardware: dict[str, Any] | None
+    git_commit: str | None
+    started_at: str | None
+    finished_at: str | None
+    status: str
+    error: str | None
+    unique_samples_per_s: float | None
+    step_time_s: float | None
+    val_accuracy: float | None
+    peak_memory_bytes: int | None
+    metrics: dict[str, Any] | None
+    result: dict[str, Any] | None
+
+
+_JSON = {"params", "config", "hardware", "metrics", "result"}
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(self._connect()) as db, db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def save_sweep(self, name: str, table_kind: str, spec: dict[str, Any], now: str) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute(
+                "INSERT OR REPLACE INTO sweeps VALUES (?, ?, ?, ?)",
+                (name, table_kind, json.dumps(spec, default=str), now),
+            )
+
+    def sweeps(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT name, table_kind, spec FROM sweeps ORDER BY name").fetchall()
+        return {n: (kind, json.loads(spec)) for n, kind, spec in rows}
+
+    def put(self, row: Row) -> None:
+        values = [
+            json.dumps(getattr(row, c), default=str) if c in _JSON else getattr(row, c)
+            for c in COLUMNS
+        ]
+        with closing(self._connect()) as db, db:
+            db.execute(
+                f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                values,
+            )
+
+    def status_of(self, run_key: str) -> str | None:
+        with closing(self._connect()) as db:
+            hit = db.execute("SELECT status FROM runs WHERE run_key = ?", (run_key,)).fetchone()
+        return hit[0] if hit else None
+
+    def rows(self, sweep: str | None = None) -> list[Row]:
+        query = f"SELECT {', '.join(COLUMNS)} FROM runs"
+        args: tuple = ()
+        if sweep:
+            query += " WHERE sweep = ?"
+            args = (sweep,)
+        with closing(self._connect()) as db:
+            raw = db.execute(query + " ORDER BY sweep, started_at", args).fetchall()
+        out = []
+        for values in raw:
+            d = {
+                c: (json.loads(v) if c in _JSON and v is not None else v)
+                for c, v in zip(COLUMNS, values, strict=True)
+            }
+            out.append(Row(**d))
+        return out
+
+    def export_csv(self, path: str | Path) -> None:
+        import csv
+
+        with closing(self._connect()) as db:
+            cur = db.execute(
+                f"SELECT {', '.join(c for c in COLUMNS if c != 'result')} FROM runs ORDER BY sweep, started_at"
+            )
+            header = [d[0] for d in cur.description]
+            with open(path, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(header)
+                w.writerows(cur.fetchall())

@@ -1,0 +1,160 @@
+"""A sweep: a base recipe, common overrides, a grid of axes (strategy x nproc x precision x any
+key), optional variants (other programs or option sets), repeats. Expanded into runs, each with
+a key derived from what it computes, so a re-run knows what is already done.
+
+```yaml
+name: seed_dp_modes
+recipe: ../mnist_sample_mobilenetv2.yaml   # relative to this file
+table: dp_modes                            # report layout: dp_modes, precision, pin_memory, variants, plain
+set: {train.max_steps: 60}                 # for every run
+grid: {strategy: [ddp-full, ddp-rr, ddp-ds], launch.nproc: [1, 2]}
+variants:                                  # optional; each is crossed with the grid
+  - {label: paratrain seed-style, set: {precision: fp16}}
+  - {label: plain PyTorch, program: plain, set: {precision: fp16}}
+  - {label: speed of light, program: sol, grid: {launch.nproc: [1]}}
+repeats: 1
+timeout_s: 900
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paratrain.config import RunConfig, load_config, read_yaml
+from paratrain.errors import ConfigError
+
+PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol")
+TABLES = ("dp_modes", "precision", "pin_memory", "variants", "plain")
+_KEYS = {
+    "name",
+    "recipe",
+    "table",
+    "set",
+    "grid",
+    "variants",
+    "repeats",
+    "timeout_s",
+    "reference",
+    "notes",
+}
+
+
+@dataclass
+class RunSpec:
+    sweep: str
+    label: str
+    program: str
+    params: dict[str, Any]
+    """The grid point and variant settings that distinguish this run (for the report)."""
+    overrides: list[str]
+    config: RunConfig
+    repeat: int
+
+    @property
+    def key(self) -> str:
+        cfg = self.config.to_dict()
+        cfg.pop("output_dir", None)
+        blob = json.dumps([self.program, cfg, self.repeat], sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Sweep:
+    name: str
+    table: str
+    runs: list[RunSpec]
+    repeats: int
+    timeout_s: float
+    reference: str | None = None
+    notes: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_overrides(mapping: dict[str, Any] | None, where: str) -> list[str]:
+    if mapping is None:
+        return []
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{where}: expected a mapping of key: value, got {mapping!r}")
+    return [f"{k}={_yaml_scalar(v)}" for k, v in mapping.items()]
+
+
+def _yaml_scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _grid_points(grid: dict[str, Any] | None, where: str) -> list[dict[str, Any]]:
+    if not grid:
+        return [{}]
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{where}: expected a mapping of key: [values], got {grid!r}")
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+    return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    spec = read_yaml(path)
+    unknown = set(spec) - _KEYS
+    if unknown:
+        raise ConfigError(
+            f"sweep: unknown key {sorted(unknown)[0]}; accepted: {', '.join(sorted(_KEYS))}"
+        )
+    name = str(spec.get("name") or path.stem)
+    table = spec.get("table", "plain")
+    if table not in TABLES:
+        raise ConfigError(f"sweep.table: got {table!r}; accepted: {', '.join(TABLES)}")
+    recipe = spec.get("recipe")
+    recipe_path = (path.parent / recipe) if recipe else None
+    repeats = spec.get("repeats", 1)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"sweep.repeats: must be an integer >= 1, got {repeats!r}")
+    timeout_s = spec.get("timeout_s", 1800)
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ConfigError(f"sweep.timeout_s: must be a number > 0, got {timeout_s!r}")
+    common = _as_overrides(spec.get("set"), "sweep.set")
+    variants = spec.get("variants") or [{}]
+    if not isinstance(variants, list):
+        raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")
+
+    runs: list[RunSpec] = []
+    for i, variant in enumerate(variants):
+        if not isinstance(variant, dict) or set(variant) - {"label", "program", "set", "grid"}:
+            raise ConfigError(
+                f"sweep.variants[{i}]: expected keys label, program, set, grid; got {variant!r}"
+            )
+        program = variant.get("program", "paratrain")
+        if program not in PROGRAMS:
+            raise ConfigError(
+                f"sweep.variants[{i}].program: got {program!r}; accepted: {', '.join(PROGRAMS)}"
+            )
+        label = str(variant.get("label", program if program != "paratrain" else "paratrain"))
+        extra = _as_overrides(variant.get("set"), f"sweep.variants[{i}].set")
+        grid = variant.get("grid", spec.get("grid"))
+        for point in _grid_points(
+            grid, f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
+        ):
+            overrides = common + extra + _as_overrides(point, "sweep.grid")
+            cfg = load_config(recipe_path, [f"name={name}", *overrides])
+            params = {**(variant.get("set") or {}), **point}
+            for r in range(repeats):
+                runs.append(RunSpec(name, label, program, params, overrides, cfg, r))
+    return Sweep(
+        name,
+        table,
+        runs,
+        repeats,
+        float(timeout_s),
+        spec.get("reference"),
+        spec.get("notes", ""),
+        spec,
+    )

@@ -1,0 +1,174 @@
+"""The report's arithmetic and layouts on hand-made rows."""
+
+import pytest
+
+from paratrain.bench import arith
+from paratrain.bench.render import to_csv, to_html, to_markdown
+from paratrain.bench.report import build_report, group_rows, seed_tables
+from paratrain.bench.store import Row, Store
+from paratrain.config import load_config
+
+
+def row(
+    key,
+    *,
+    strategy="ddp-ds",
+    nproc=1,
+    thr=100.0,
+    status="ok",
+    precision="fp32",
+    pin=True,
+    repeat=0,
+    label="paratrain",
+    program="paratrain",
+    acc=0.9,
+    mem=2**30,
+    redundant=False,
+):
+    cfg = load_config(
+        None,
+        [
+            f"strategy={strategy}",
+            f"launch.nproc={nproc}",
+            f"precision={precision}",
+            f"data.pin_memory={str(pin).lower()}",
+        ],
+    ).to_dict()
+    params = {
+        "strategy": strategy,
+        "launch.nproc": nproc,
+        "precision": precision,
+        "data.pin_memory": pin,
+    }
+    ok = status == "ok"
+    return Row(
+        run_key=key,
+        sweep="s",
+        label=label,
+        program=program,
+        repeat=repeat,
+        params=params,
+        config=cfg,
+        hardware={"gpu_name": "X", "gpu_count_visible": 2},
+        git_commit="abc",
+        started_at=key,
+        finished_at=key,
+        status=status,
+        error=None if ok else "boom",
+        unique_samples_per_s=thr if ok else None,
+        step_time_s=0.1 if ok else None,
+        val_accuracy=acc if ok else None,
+        peak_memory_bytes=mem if ok else None,
+        metrics={"measured_steps": 10} if ok else None,
+        result={"redundant_data": redundant} if ok else None,
+    )
+
+
+def test_stat_median_and_range():
+    s = arith.stat([3.0, 1.0, 2.0, None])
+    assert (s.median, s.low, s.high, s.n) == (2.0, 1.0, 3.0, 3)
+    assert s.fmt(1) == "2.0 [1.0-3.0]"
+    assert arith.stat([None]) is None
+    assert arith.stat([5.0]).fmt() == "5"
+
+
+def test_speedup_and_efficiency():
+    assert arith.speedup(380.0, 100.0) == pytest.approx(3.8)
+    assert arith.efficiency(3.8, 4) == pytest.approx(0.95)
+    assert arith.time_for(60_000, 600.0) == pytest.approx(100.0)
+
+
+def test_repeats_group_into_median_with_failures_listed():
+    rows = [
+        row("a", thr=100),
+        row("b", thr=120, repeat=1),
+        row("c", thr=90, repeat=2),
+        row("d", status="failed", repeat=3),
+    ]
+    (g,) = group_rows(rows)
+    assert g.thr.median == 100 and (g.thr.low, g.thr.high) == (90, 120) and g.thr.n == 3
+    assert len(g.failed) == 1 and "boom" in g.failed[0]
+
+
+def test_dp_modes_table_speedup_efficiency_and_claims():
+    rows = [
+        row("1", nproc=1, thr=100),
+        row("2", nproc=2, thr=196),
+        row("3", strategy="ddp-full", nproc=1, thr=100),
+        row("4", strategy="ddp-full", nproc=2, thr=101, redundant=True),
+    ]
+    tables, preamble = build_report({"s": ("dp_modes", {}, rows)})
+    table = tables[0]
+    ds = next(r for r in table.rows if r[0] == "ddp-ds")
+    assert ds[1:5] == ["100", "196", "1.96x", "98%"]
+    assert ds[5] == "600" and ds[6] == "306"  # 60,000 / 100 and / 196
+    assert ds[-1] == "168%"  # the seed's 6.73x on 4 GPUs
+    full = next(r for r in table.rows if r[0].startswith("ddp-full"))
+    assert "redundant" in full[0] and full[3] == "1.01x"
+    claims = " ".join(r[0] for r in tables[-1].rows)
+    assert "1.96x on 2 processes (98% efficiency)" in claims and "contradicts" in claims
+    assert "Hardware: 2x X" in " ".join(preamble)
+
+
+def test_precision_table_relative_times():
+    rows = [
+        row("a", precision="fp32", nproc=2, thr=100),
+        row("b", precision="fp16", nproc=2, thr=250),
+        row("c", precision="fp64", nproc=2, thr=20, mem=3 * 2**30),
+    ]
+    tables, _ = build_report({"p": ("precision", {}, rows)})
+    by = {r[0]: r for r in tables[0].rows}
+    assert by["fp16"][3] == "0.40x" and by["fp64"][3] == "5.00x" and by["fp64"][5] == "3.0"
+    assert by["fp64"][7] == "1.54x"  # the seed's 1937 / 1256
+    assert "919 s" in tables[-1].rows[0][0]
+
+
+def test_pin_memory_table():
+    rows = [row("a", pin=False, nproc=2, thr=100), row("b", pin=True, nproc=2, thr=110)]
+    tables, _ = build_report({"m": ("pin_memory", {}, rows)})
+    assert tables[0].rows[1][3] == "1.10x" and tables[0].rows[1][5] == "1.16x"
+
+
+def test_variants_table_ratios_and_speed_of_light():
+    rows = [
+        row("p1", label="paratrain", nproc=1, thr=600),
+        row("p2", label="paratrain", nproc=2, thr=1188),
+        row("r1", label="plain", program="plain", nproc=1, thr=590),
+        row("r2", label="plain", program="plain", nproc=2, thr=1120),
+        row("s1", label="sol", program="sol", nproc=1, thr=1200),
+    ]
+    tables, _ = build_report({"v": ("variants", {"reference": "plain"}, rows)})
+    p2 = next(r for r in tables[0].rows if r[0] == "paratrain" and r[2] == "2")
+    assert p2[4] == "594" and p2[5] == "99.0%" and p2[6] == "1.06x" and p2[7] == "50%"
+
+
+def test_renderers(tmp_path):
+    tables, preamble = build_report({"s": ("plain", {}, [row("a")])})
+    assert "| configuration |" in to_markdown(tables, preamble)
+    assert to_csv(tables).splitlines()[1].startswith("configuration")
+    assert "<table>" in to_html(tables, preamble)
+
+
+def test_store_round_trip_and_skip(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.put(row("k1"))
+    store.put(row("k2", status="failed"))
+    assert (
+        store.status_of("k1") == "ok"
+        and store.status_of("k2") == "failed"
+        and store.status_of("x") is None
+    )
+    rows = store.rows()
+    assert [r.run_key for r in rows] == ["k1", "k2"] and rows[0].config["strategy"] == "ddp-ds"
+    store.export_csv(tmp_path / "r.csv")
+    assert (tmp_path / "r.csv").read_text().count("\n") == 3
+
+
+def test_seed_numbers_are_the_seeds():
+    seed = seed_tables()
+    assert seed["dp_modes"]["rows"]["ddp-ds"] == {"time_1": 6189, "time_n": 919, "speedup": 6.73}
+    assert (
+        seed["precision"]["rows"]["fp16"]["time"] == 919
+        and seed["pin_memory"]["rows"]["true"]["time"] == 1165
+    )
+    assert seed["llm"]["rows"]["alpaca"] == {"it_1": 0.77, "it_n": 0.94}
