@@ -84,8 +84,10 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     output = log_path.read_text()
     result_path = run_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if code == SKIPPED_EXIT:
-        status, error = "skipped", _tail(output, 1)
+    # torchrun exits 1 whatever its workers returned, so a skip is also read from the log.
+    skip_lines = [line for line in output.splitlines() if line.startswith("skipped: ")]
+    if code == SKIPPED_EXIT or (code not in (0, None) and skip_lines):
+        status, error = "skipped", (skip_lines or [_tail(output, 1)])[0]
     elif code not in (0, None):
         status, error = "failed", f"exit {code}: " + _tail(output)
     elif code == 0 and result is None:

@@ -1,0 +1,80 @@
+"""Speed of light: one process, one device, one synthetic batch made once on the device and
+trained on again and again. No loader, no host-to-device copy, no communication: the ceiling
+that the data path and the parallel loops are measured against. It honours the compute knobs
+(precision, channels_last, torch.compile and its mode, cudnn_benchmark): the same model step.
+
+    python -m paratrain.bench.peers.sol CONFIG_YAML OUT_DIR
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from paratrain.bench.peers import common
+
+
+def main() -> None:
+    cfg, out_dir = common.read_args("sol")
+    device = common.pick_device(cfg, 0)
+    common.set_float32_mode(cfg.precision, device)
+    torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
+    torch.manual_seed(cfg.seed)
+
+    # The source only tells the class count and one process's epoch length (for epochs mode).
+    source = common.load_source(cfg)
+    n_train = min(cfg.data.limit_samples or len(source.train), len(source.train))
+    batch = cfg.data.batch_size
+    total = common.planned_steps(cfg, n_train // batch)
+    side = common.image_side(cfg)
+    layout = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+
+    model = common.build_model(cfg.model.name, source.num_classes)
+    model = model.to(device, memory_format=layout)
+    if cfg.train.compile:
+        # compiled on the first step, inside the warm-up; the same mode paratrain would use
+        model = torch.compile(model, mode=cfg.train.compile_mode)
+    optimizer = common.build_optimizer(model.parameters(), cfg)
+    amp_dtype = common.AUTOCAST.get(cfg.precision)
+    # Keep the scaler for fp16: its unscale and inf check are part of a real fp16 step's cost.
+    scaler = torch.amp.GradScaler(
+        device.type,
+        init_scale=cfg.scaler.init_scale,
+        growth_factor=cfg.scaler.growth_factor,
+        backoff_factor=cfg.scaler.backoff_factor,
+        growth_interval=cfg.scaler.growth_interval,
+        enabled=cfg.precision == "fp16",
+    )
+    images = torch.randn(batch, 1, side, side, device=device).contiguous(memory_format=layout)
+    labels = torch.randint(0, source.num_classes, (batch,), device=device)
+    meter = common.Meter(device, cfg.train.warmup_steps, total)
+
+    model.train()
+    meter.start()
+    for _ in range(total):
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        meter.step(loss)
+
+    summary = meter.summary(batch, 1)
+    common.write_result(
+        out_dir,
+        "sol",
+        cfg,
+        device,
+        1,
+        summary,
+        data_real=False,
+        image_side=side,
+        channels_last=cfg.train.channels_last,
+        compile=cfg.train.compile,
+        compile_mode=cfg.train.compile_mode if cfg.train.compile else None,
+    )
+
+
+if __name__ == "__main__":
+    main()

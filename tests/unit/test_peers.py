@@ -1,0 +1,123 @@
+"""The `paratrain bench` peer programs (paratrain.bench.peers.*), run as the sweep runs them:
+the distributed ones under torchrun with 2 CPU processes, sol as one process."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import read_result, run_cli
+
+from paratrain.config import load_config, to_yaml
+
+TINY = [
+    "model.name=tiny_cnn",
+    "device=cpu",
+    "data.num_workers=0",
+    "train.max_steps=6",
+    "train.warmup_steps=2",
+    "data.batch_size=16",
+    "data.image_size=null",
+    "log.progress=false",
+]
+
+
+def write_config(path, overrides):
+    path.write_text(to_yaml(load_config(None, overrides)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("peers") / "tiny.yaml", TINY)
+
+
+def torchrun(program, cfg, out, check=True):
+    args = ["--standalone", "--nproc-per-node", "2", "-m", f"paratrain.bench.peers.{program}"]
+    return run_cli([*args, cfg, out], module="torch.distributed.run", timeout=120, check=check)
+
+
+def check_summary(result, program, world_size, steps=6, measured=4):
+    s = result["summary"]
+    assert result["program"] == program and result["world_size"] == world_size
+    assert result["hardware"]["world_size"] == world_size
+    assert result["config"]["model"]["name"] == "tiny_cnn"
+    assert s["optimizer_steps"] == steps and s["measured_steps"] == measured
+    assert s["warmup_excluded"] is (measured < steps)
+    assert s["unique_samples_per_s"] > 0 and s["peak_memory_bytes"] > 0
+    # throughput is measured steps x batch x ranks over the measured window
+    window = s["step_time_s"] * s["measured_steps"]
+    assert math.isclose(s["unique_samples_per_s"] * window, measured * 16 * world_size)
+    assert 0 < s["train_loss"] < 10 and s["val_accuracy"] is None
+
+
+@pytest.fixture(scope="module")
+def plain_result(tiny_cfg, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plain") / "out"
+    torchrun("plain", tiny_cfg, out)
+    return read_result(out)
+
+
+def test_plain_under_torchrun_two_processes(plain_result):
+    check_summary(plain_result, "plain", 2)
+    assert plain_result["backend"] == "gloo"
+
+
+def test_sol_one_process(tmp_path):
+    # fewer steps than warm-up + 1: every step is counted and the result says so
+    cfg = write_config(tmp_path / "c.yaml", [*TINY, "train.max_steps=3", "train.warmup_steps=3"])
+    run_cli([cfg, tmp_path / "out"], module="paratrain.bench.peers.sol")
+    result = read_result(tmp_path / "out")
+    check_summary(result, "sol", 1, steps=3, measured=3)
+    assert result["data_real"] is False
+
+
+def run_hiding(library, program, args):
+    """Run a peer with `library` made unimportable (as if it were not installed)."""
+    code = (
+        f"import sys; sys.modules[{library!r}] = None; sys.argv[0] = {program!r}; "
+        f"from paratrain.bench.peers import {program}; {program}.main()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("program", "library"), [("accelerate_ref", "accelerate"), ("fabric_ref", "lightning")]
+)
+def test_missing_library_is_skipped(program, library, tiny_cfg, tmp_path):
+    proc = run_hiding(library, program, [tiny_cfg, tmp_path / "out"])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines() == [f"skipped: {library} is not installed"]
+    assert not (tmp_path / "out").exists()  # checked before any work
+
+
+@pytest.mark.parametrize(
+    ("program", "library"), [("accelerate_ref", "accelerate"), ("fabric_ref", "lightning")]
+)
+def test_library_peer_under_torchrun(program, library, tiny_cfg, plain_result, tmp_path):
+    out = tmp_path / "out"
+    if importlib.util.find_spec(library) is None:
+        proc = run_cli([tiny_cfg, out], module=f"paratrain.bench.peers.{program}", check=False)
+        assert proc.returncode == 3 and proc.stderr.splitlines() == [
+            f"skipped: {library} is not installed"
+        ]
+        pytest.skip(f"{library} is not installed: only the skip path was checked")
+    torchrun(program, tiny_cfg, out)
+    result = read_result(out)
+    check_summary(result, program, 2)
+    if program == "fabric_ref":
+        # Fabric's DistributedSampler (seed 0 = the config's) and the seeded weights make its
+        # training the same as plain's, step for step.
+        loss = result["summary"]["train_loss"]
+        assert math.isclose(loss, plain_result["summary"]["train_loss"], rel_tol=1e-5)
+
+
+def test_unsupported_model_exits_2_with_one_line(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", [*TINY, "model.name=my_models:build"])
+    proc = run_cli([cfg, tmp_path / "out"], module="paratrain.bench.peers.plain", check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("paratrain peer: error: model.name: 'my_models:build'")
