@@ -47,22 +47,23 @@ def bars_plot(groups: list[Group], path: Path, key: str, title: str) -> Path | N
     items = [(f"{_name(g, key)} x{g.nproc}", g) for g in groups if g.thr]
     if not items:
         return None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    # Horizontal bars: configuration names are long and stay readable on the y axis.
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 1.2 + 0.45 * len(items)), sharey=True)
     names = [n for n, _ in items]
-    a.bar(
+    a.barh(
         names,
         [g.thr.median for _, g in items],
-        yerr=[
+        xerr=[
             [g.thr.median - g.thr.low for _, g in items],
             [g.thr.high - g.thr.median for _, g in items],
         ],
     )
-    a.set_ylabel("unique samples/s")
-    b.bar(names, [(g.mem.median if g.mem else 0) / 2**30 for _, g in items], color="tab:orange")
-    b.set_ylabel("peak memory per device, GiB")
+    a.set_xlabel("unique samples/s")
+    a.invert_yaxis()
+    b.barh(names, [(g.mem.median if g.mem else 0) / 2**30 for _, g in items], color="tab:orange")
+    b.set_xlabel("peak memory per device, GiB")
     for ax in (a, b):
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-        ax.grid(axis="y", alpha=0.3)
+        ax.grid(axis="x", alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
