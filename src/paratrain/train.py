@@ -100,9 +100,8 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         raise UserError(
             f"train.grad_accum_steps: {k} micro-batches exceed the {len(data.train)} of an epoch"
         )
-    total_steps = tc.epochs * steps_per_epoch
-    if tc.max_steps is not None:
-        total_steps = min(total_steps, tc.max_steps)
+    # max_steps, when set, decides the length alone (as many epochs as it takes).
+    total_steps = tc.max_steps if tc.max_steps is not None else tc.epochs * steps_per_epoch
 
     state = LoopState()
     if cfg.checkpoint.resume:

@@ -12,7 +12,7 @@ class TrainConfig:
     epochs: int = 1
     """Passes over the training set (each rank's share of it, for ddp-rr / ddp-ds)."""
     max_steps: int | None = None
-    """Stop after this many optimizer steps, whatever epochs says."""
+    """Run exactly this many optimizer steps (as many epochs as that takes), whatever epochs says."""
     optimizer: Literal["sgd", "adamw"] = "adamw"
     """sgd (with momentum) or adamw."""
     lr: float = 1e-3

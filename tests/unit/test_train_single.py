@@ -124,3 +124,11 @@ def test_result_has_the_metrics(tmp_path):
     assert s["unique_samples_per_s"] > 0 and s["step_time_s"] > 0 and s["peak_memory_bytes"] > 0
     assert 0 <= s["val_accuracy"] <= 1 and s["train_loss"] > 0
     assert (tmp_path / "m" / "result.json").is_file() and (tmp_path / "m" / "config.yaml").is_file()
+
+
+def test_max_steps_runs_past_epochs(tmp_path):
+    cfg = load_config(
+        None, BASE + ["train.max_steps=20", "train.epochs=1", f"output_dir={tmp_path / 'x'}"]
+    )
+    result = train(cfg)  # 512 samples / 64 = 8 steps an epoch: 20 steps take 3 epochs
+    assert result["summary"]["optimizer_steps"] == 20 and len(result["epochs"]) == 3
