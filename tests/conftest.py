@@ -50,25 +50,22 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+# A tiny, exact-comparison friendly run: tiny CNN (no BatchNorm, no dropout), CPU, SGD.
+TINY_SETTINGS = [
+    "model.name=tiny_cnn",
+    "device=cpu",
+    "data.num_workers=0",
+    "train.optimizer=sgd",
+    "train.lr=0.05",
+    "log.progress=false",
+    "train.eval=false",
+]
+TINY = [arg for setting in TINY_SETTINGS for arg in ("--set", setting)]
+
+
 @pytest.fixture
 def tiny_overrides():
-    """A tiny, exact-comparison friendly run: tiny CNN (no BatchNorm, no dropout), CPU, SGD."""
-    return [
-        "--set",
-        "model.name=tiny_cnn",
-        "--set",
-        "device=cpu",
-        "--set",
-        "data.num_workers=0",
-        "--set",
-        "train.optimizer=sgd",
-        "--set",
-        "train.lr=0.05",
-        "--set",
-        "log.progress=false",
-        "--set",
-        "train.eval=false",
-    ]
+    return list(TINY)
 
 
 def write_idx(path, array, compress=False):

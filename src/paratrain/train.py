@@ -156,7 +156,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     while state.step < total_steps:
         data.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
         model.train()
-        epoch_first_step, epoch_clock = state.step, clock.elapsed()
+        epoch_first_step, epoch_clock, epoch_wall = state.step, clock.elapsed(), time.perf_counter()
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         batches = iter(device_loader)
         clock.resume()
@@ -225,6 +225,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             state.step_in_epoch = 0
         if val_loader is not None:
             record["val_accuracy"] = evaluate(eval_model, val_loader, policy, device)
+        record["wall_s"] = time.perf_counter() - epoch_wall  # training + evaluation
         epochs.append(record)
         if env.is_main:
             acc = (

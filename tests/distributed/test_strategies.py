@@ -2,7 +2,7 @@
 through `paratrain run` and so through torchrun's elastic agent."""
 
 import pytest
-from conftest import final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -21,28 +21,12 @@ def train_run(tmp_path, name, tiny_overrides, *extra):
 @pytest.fixture(scope="module")
 def single_runs(tmp_path_factory):
     """Reference single-process runs with batch 16 and 32."""
-    from conftest import run_cli as rc
-
     base = tmp_path_factory.mktemp("single")
-    tiny = [
-        "--set",
-        "model.name=tiny_cnn",
-        "--set",
-        "device=cpu",
-        "--set",
-        "data.num_workers=0",
-        "--set",
-        "train.optimizer=sgd",
-        "--set",
-        "train.lr=0.05",
-        "--set",
-        "log.progress=false",
-        "--set",
-        "train.eval=false",
-    ]
     out = {}
     for b in (16, 32):
-        rc(["run", *tiny, *STEPS, "--set", f"data.batch_size={b}", "--output-dir", base / f"b{b}"])
+        run_cli(
+            ["run", *TINY, *STEPS, "--set", f"data.batch_size={b}", "--output-dir", base / f"b{b}"]
+        )
         out[b] = final_weights(base / f"b{b}")
     return out
 

@@ -119,10 +119,15 @@ def test_result_has_the_metrics(tmp_path):
             f"output_dir={tmp_path / 'm'}",
         ],
     )
-    s = train(cfg)["summary"]
+    result = train(cfg)
+    s = result["summary"]
     assert s["optimizer_steps"] == 12 and s["measured_steps"] == 10 and s["warmup_excluded"]
     assert s["unique_samples_per_s"] > 0 and s["step_time_s"] > 0 and s["peak_memory_bytes"] > 0
     assert 0 <= s["val_accuracy"] <= 1 and s["train_loss"] > 0
+    epochs = result["epochs"]
+    assert [e["steps"] for e in epochs] == [8, 4] and all(
+        e["wall_s"] >= e["train_s"] > 0 for e in epochs
+    )
     assert (tmp_path / "m" / "result.json").is_file() and (tmp_path / "m" / "config.yaml").is_file()
 
 
