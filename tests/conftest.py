@@ -101,3 +101,68 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+WORDS = ["apple", "berry", "cherry", "grape", "lemon", "mango", "peach", "plum"]
+
+
+def write_alpaca(path, n=64):
+    """A small Alpaca-format file: repeat a word three times (learnable by a tiny model)."""
+    records = [
+        {"instruction": f"Repeat the word {w}.", "input": "", "output": f"{w} {w} {w}"}
+        for w in (WORDS * (n // len(WORDS) + 1))[:n]
+    ]
+    path.write_text(json.dumps(records))
+    return path
+
+
+def lm_settings(data_path):
+    """A tiny random Llama with LoRA on the CPU."""
+    return [
+        "data.source=alpaca",
+        f"data.path={data_path}",
+        "model.init=random",
+        "model.shape=tiny",
+        "device=cpu",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "train.lr=0.01",
+        "log.progress=false",
+        "data.max_length=256",
+        "train.optimizer=sgd",
+        "train.momentum=0.9",
+    ]
+
+
+def adapter_logits(run_dir, checkpoint=None, seed=0):
+    """Logits of the trained model rebuilt two ways: peft's loader on the saved adapter, and the
+    same base with the checkpoint's adapter weights. -> (from_adapter, from_checkpoint, base)."""
+    from peft import LoraConfig as PeftLora
+    from peft import PeftModel, get_peft_model
+
+    from paratrain.lm.model import build_causal_lm
+
+    def base():
+        torch.manual_seed(seed)  # paratrain seeds the same way before building the model
+        return build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).eval()
+
+    ids = torch.tensor([[256, 82, 101, 112, 101, 97, 116]])
+    with torch.no_grad():
+        plain = base()(input_ids=ids).logits
+        loaded = (
+            PeftModel.from_pretrained(base(), str(Path(run_dir) / "adapter"))
+            .eval()(input_ids=ids)
+            .logits
+        )
+        cfg = PeftLora(
+            r=8, lora_alpha=16.0, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj"]
+        )
+        manual = get_peft_model(base(), cfg)
+        state = torch.load(
+            checkpoint or sorted((Path(run_dir) / "checkpoints").glob("*.pt"))[-1],
+            weights_only=False,
+        )
+        missing = manual.load_state_dict(state["model"], strict=False)
+        assert not missing.unexpected_keys
+        from_ckpt = manual.eval()(input_ids=ids).logits
+    return loaded, from_ckpt, plain

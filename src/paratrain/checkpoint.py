@@ -97,6 +97,22 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """Whole (unsharded) model and optimizer state, on rank 0's CPU; collective under FSDP.
+
+    torch.distributed.checkpoint.state_dict gives one format for plain, DDP and FSDP2 models. A
+    model with frozen weights (LoRA) saves only what trains: the base is rebuilt from its source
+    on resume, and an 8B model's 16 GB need not be rewritten every N steps.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    frozen = any(not p.requires_grad for p in model.parameters())
+    options = StateDictOptions(
+        full_state_dict=True, cpu_offload=dist.is_initialized(), ignore_frozen_params=frozen
+    )
+    return get_state_dict(model, optimizer, options=options)
+
+
 def save_checkpoint(
     directory: str | Path,
     *,
@@ -108,6 +124,7 @@ def save_checkpoint(
     keep: int,
 ) -> Path | None:
     """Collective: every rank must call it. Returns the path on rank 0."""
+    model_state, optim_state = _state_dicts(model, optimizer)
     rngs = [rng_state(device)]
     if dist.is_initialized():
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -119,8 +136,8 @@ def save_checkpoint(
         path = checkpoint_path(directory, state.step)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optim_state,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "loop": vars(state).copy(),
             "rng": rngs,
@@ -144,9 +161,19 @@ def load_checkpoint(
     scaler: Any,
     device: torch.device,
 ) -> LoopState:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
     payload = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
+    frozen = any(not p.requires_grad for p in model.parameters())
+    # Every rank read the same file; each takes its shard (FSDP) or the whole (DDP, single).
+    # strict=False only where frozen weights were left out of the file on purpose.
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=payload["model"],
+        optim_state_dict=payload["optimizer"],
+        options=StateDictOptions(full_state_dict=True, strict=not frozen),
+    )
     if scaler is not None and payload["scaler"] is not None:
         scaler.load_state_dict(payload["scaler"])
     rank = dist.get_rank() if dist.is_initialized() else 0

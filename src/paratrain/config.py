@@ -23,9 +23,10 @@ from typing import Any, Literal
 import yaml
 
 from paratrain.checkpoint import CheckpointConfig
-from paratrain.data.loader import DataConfig
+from paratrain.data.loader import TEXT_SOURCES, DataConfig
 from paratrain.errors import ConfigError
 from paratrain.launch import LaunchConfig
+from paratrain.lm.model import LoraConfig
 from paratrain.models import ModelConfig
 from paratrain.parallel import STRATEGIES, Strategy
 from paratrain.precision import Precision, ScalerConfig
@@ -49,6 +50,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
@@ -61,6 +63,20 @@ class RunConfig:
             raise ValueError(
                 f"launch.nproc: strategy {self.strategy} runs in one process, got nproc={nproc}"
                 f" nnodes={self.launch.nnodes}; use ddp-ds (or ddp-rr, ddp-full) for several"
+            )
+        if self.data.source in TEXT_SOURCES:
+            if self.model.path is None and self.model.init != "random":
+                raise ValueError(
+                    "model.path: a text data set fine-tunes a language model; set model.path to a "
+                    "Hugging Face checkpoint, or model.init=random with model.shape"
+                )
+            if self.strategy == "dp":
+                raise ValueError(
+                    "strategy: dp is for image models; use ddp-ds or fsdp for language models"
+                )
+        if self.lora.save_merged and self.strategy == "fsdp":
+            raise ValueError(
+                "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"
             )
         if self.data.resize_on == "gpu" and self.device == "cpu":
             raise ValueError("data.resize_on: gpu needs a CUDA device, got device=cpu; use cpu")

@@ -6,7 +6,6 @@ Every rank runs this function; rank 0 alone prints, shows the bar and writes fil
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -16,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from paratrain import dist as pdist
 from paratrain import metrics
 from paratrain.checkpoint import LoopState, load_checkpoint, resolve_resume, save_checkpoint
-from paratrain.data.device import DeviceLoader
-from paratrain.data.loader import build_data
 from paratrain.errors import UserError
-from paratrain.models import build_model
+from paratrain.lm.model import peak_flops as lm_peak_flops
 from paratrain.parallel import STRATEGIES
 from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
-from paratrain.parallel.data_parallel import unwrap
+from paratrain.parallel.data_parallel import gradient_sync, unwrap
 from paratrain.precision import build_policy, build_scaler
+from paratrain.tasks import image as image_task
+from paratrain.tasks import lm as lm_task
+from paratrain.tasks import task_of
 
 if TYPE_CHECKING:
     from paratrain.config import RunConfig
@@ -66,39 +65,32 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     torch.use_deterministic_algorithms(tc.deterministic)
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark and not tc.deterministic
 
-    # ---- data: dp scatters one loader batch over all GPUs, so it loads batch_size x GPUs
+    # ---- the workload: model and data (dp scatters one loader batch over all GPUs)
     dp_gpus = torch.cuda.device_count() if (cfg.strategy == "dp" and device.type == "cuda") else 1
     loader_batch = cfg.data.batch_size * dp_gpus
-    data = build_data(
-        cfg.data,
-        sampler_mode=spec.sampler,
-        rank=env.rank,
-        world=env.world_size,
-        seed=cfg.seed,
-        device=device,
-        loader_batch=loader_batch,
-    )
-
-    # ---- model, then everything applied from outside it, in a fixed order
     policy = build_policy(cfg.precision, device)
-    model = build_model(cfg.model, data.source.num_classes, data.source.channels)
-    model = model.to(device=device, dtype=policy.param_dtype)
-    if tc.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    task = task_of(cfg.data.source)
+    build = image_task.build if task == "image" else lm_task.build
+    work = build(cfg, env, spec.sampler, policy, loader_batch)
+
+    # ---- applied from outside the model, in a fixed order: (dtype, LoRA: in the workload)
+    #      activation checkpointing -> torch.compile -> DP / DDP / FSDP last (it must see the final module)
+    model = work.model
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
     inner = torch.compile(model, mode=tc.compile_mode) if tc.compile else model
-    model = spec.apply(inner, device)  # DP / DDP wrapper last: it must see the final module
+    model = spec.apply(inner, device, policy)
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank
 
-    optimizer = build_optimizer(unwrap(model).parameters(), tc)
+    params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = build_optimizer(params, tc)
     scaler = build_scaler(cfg.precision, cfg.scaler, device)
     k = tc.grad_accum_steps
-    steps_per_epoch = len(data.train) // k
+    steps_per_epoch = len(work.train) // k
     if steps_per_epoch == 0:
         raise UserError(
-            f"train.grad_accum_steps: {k} micro-batches exceed the {len(data.train)} of an epoch"
+            f"train.grad_accum_steps: {k} micro-batches exceed the {len(work.train)} of an epoch"
         )
     # max_steps, when set, decides the length alone (as many epochs as it takes).
     total_steps = tc.max_steps if tc.max_steps is not None else tc.epochs * steps_per_epoch
@@ -114,33 +106,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     # Samples per optimizer step: processed by all ranks, and unique (ddp-full repeats them).
     processed_per_step = loader_batch * k * env.world_size
     unique_per_step = loader_batch * k * (1 if spec.redundant else env.world_size)
-    device_loader = DeviceLoader(
-        data.train,
-        device,
-        dtype=policy.param_dtype,
-        size=cfg.data.image_size,
-        mean=data.source.mean,
-        std=data.source.std,
-        finish_on_device=cfg.data.resize_on == "gpu",
-        non_blocking=cfg.data.non_blocking,
-        channels_last=tc.channels_last,
-        prefetch=cfg.data.prefetch_to_device,
-    )
-    val_loader = None
-    if data.val is not None and tc.eval:
-        val_loader = DeviceLoader(
-            data.val,
-            device,
-            dtype=policy.param_dtype,
-            size=cfg.data.image_size,
-            mean=data.source.mean,
-            std=data.source.std,
-            finish_on_device=cfg.data.resize_on == "gpu",
-            non_blocking=cfg.data.non_blocking,
-            channels_last=tc.channels_last,
-            prefetch=False,
-        )
-
+    val = work.val if tc.eval else None
     label = f"{cfg.strategy} x{env.world_size} {cfg.precision}" + (
         " [redundant data]" if spec.redundant else ""
     )
@@ -149,31 +115,39 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     metrics.reset_peak_memory(device)
     clock = TrainClock(device)
     start_step, warm_mark = state.step, None
+    tokens = torch.zeros(
+        (), device=device, dtype=torch.int64
+    )  # language models: non-padding tokens
+    tokens_at_warm = tokens.clone()
     epochs: list[dict[str, Any]] = []
     run_start = time.perf_counter()
 
     # ================================================================ the loop
     while state.step < total_steps:
-        data.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
+        work.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
         model.train()
         epoch_first_step, epoch_clock, epoch_wall = state.step, clock.elapsed(), time.perf_counter()
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        batches = iter(device_loader)
+        batches = iter(work.train)
         clock.resume()
         while state.step_in_epoch < steps_per_epoch and state.step < total_steps:
             if warm_mark is None and state.step - start_step == tc.warmup_steps:
                 warm_mark = (state.step, clock.elapsed())  # throughput counts from here
+                tokens_at_warm = tokens.clone()
             set_lr(optimizer, lr_at(state.step, total_steps, tc))
             for micro in range(k):
-                x, y = next(batches)
-                # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync).
-                skip_sync = micro < k - 1 and hasattr(model, "no_sync")
-                with model.no_sync() if skip_sync else contextlib.nullcontext():
+                batch = next(batches)
+                # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
+                # or reduce-scatters (FSDP).
+                with gradient_sync(model, enabled=micro == k - 1):
                     with policy.autocast():
-                        loss = F.cross_entropy(model(x), y) / k
+                        loss, n_tokens = work.loss(model, batch)
+                        loss = loss / k
                     # backward: DDP all-reduces gradient buckets here, overlapped with compute
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach()
+                if n_tokens is not None:
+                    tokens += n_tokens
             if scaler is not None:
                 scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
                 scaler.update()  # ... and then the scale backs off
@@ -184,12 +158,9 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             state.step_in_epoch += 1
 
             if env.is_main and cfg.log.progress and state.step % cfg.log.every_steps == 0:
-                rate = (
-                    unique_per_step
-                    * (state.step - epoch_first_step)
-                    / max(clock.elapsed() - epoch_clock, 1e-9)
-                )
-                progress.update(state.step, rate, loss_sum.item() / (state.step - epoch_first_step))
+                done = state.step - epoch_first_step
+                rate = unique_per_step * done / max(clock.elapsed() - epoch_clock, 1e-9)
+                progress.update(state.step, rate, loss_sum.item() / done)
             else:
                 progress.update(state.step)
             if (
@@ -223,18 +194,18 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         if state.step_in_epoch >= steps_per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
-        if val_loader is not None:
-            record["val_accuracy"] = evaluate(eval_model, val_loader, policy, device)
+        if val is not None:
+            record.update(work.evaluate(eval_model, val))
         record["wall_s"] = time.perf_counter() - epoch_wall  # training + evaluation
         epochs.append(record)
         if env.is_main:
-            acc = (
-                f", held-out accuracy {record['val_accuracy']:.4f}"
-                if "val_accuracy" in record
-                else ""
+            held = "".join(
+                f", {k_.replace('_', ' ')} {v:.4f}"
+                for k_, v in record.items()
+                if k_.startswith("val_")
             )
             progress.print(
-                f"epoch {record['epoch']}: loss {record['train_loss']:.4f}{acc}, "
+                f"epoch {record['epoch']}: loss {record['train_loss']:.4f}{held}, "
                 f"{record['unique_samples_per_s']:,.0f} unique samples/s"
             )
     # ================================================================ end of loop
@@ -250,17 +221,50 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             device=device,
             keep=cfg.checkpoint.keep,
         )
+    artifacts = work.finish(model, out_dir) if work.finish is not None else {}
     peak, peak_kind = metrics.peak_memory_bytes(device)
     peak = int(pdist.all_reduce_max(float(peak), device))
 
-    measured_steps = state.step - start_step
-    measured_s = clock.elapsed()
+    measured_steps, measured_s, first_tokens = state.step - start_step, clock.elapsed(), 0
     warmup_excluded = warm_mark is not None and state.step > warm_mark[0]
     if warmup_excluded:
         measured_steps, measured_s = state.step - warm_mark[0], clock.elapsed() - warm_mark[1]
+        first_tokens = tokens_at_warm.item()
+    measured_s = max(measured_s, 1e-9)
+    summary = {
+        "wall_s": time.perf_counter() - run_start,
+        "train_s": clock.elapsed(),
+        "optimizer_steps": state.step,
+        "steps_this_run": state.step - start_step,
+        "measured_steps": measured_steps,
+        "warmup_excluded": warmup_excluded,
+        "step_time_s": measured_s / max(measured_steps, 1),
+        "unique_samples_per_s": unique_per_step * measured_steps / measured_s,
+        "processed_samples_per_s": processed_per_step * measured_steps / measured_s,
+        "train_loss": epochs[-1]["train_loss"] if epochs else None,
+        **{k_: v for k_, v in (epochs[-1] if epochs else {}).items() if k_.startswith("val_")},
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": peak_kind,
+        "loss_scale": scaler.get_scale() if scaler is not None else None,
+    }
+    summary.setdefault("val_accuracy", None)
+    if task == "lm":
+        (all_tokens,) = pdist.all_reduce_sum([float(tokens.item() - first_tokens)], device)
+        unique_tokens = all_tokens / (env.world_size if spec.redundant else 1)
+        summary["tokens_per_s"] = unique_tokens / measured_s
+        summary["tokens_per_step"] = unique_tokens / max(measured_steps, 1)
+        peak_flops = lm_peak_flops(device)
+        # MFU = achieved model FLOP/s per device / the device's dense peak (formula: lm/model.py)
+        summary["mfu"] = (
+            work.flops_per_token * summary["tokens_per_s"] / env.world_size / peak_flops
+            if peak_flops
+            else None
+        )
+        summary["flops_per_token"] = work.flops_per_token
     result = {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
         "name": cfg.name,
+        "task": task,
         "strategy": cfg.strategy,
         "strategy_doc": spec.doc,
         "redundant_data": spec.redundant,
@@ -268,26 +272,13 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         "world_size": env.world_size,
         "dp_gpus": dp_gpus,
         "backend": env.backend,
-        "data_real": data.source.real,
-        "effective": {"pin_memory": data.train.pin_memory, "loader_batch": loader_batch},
+        "data_real": work.info.get("data_real", True),
+        "effective": {"pin_memory": work.info.get("pin_memory"), "loader_batch": loader_batch},
+        "workload": work.info,
+        "artifacts": artifacts,
         "hardware": metrics.hardware(device, env.world_size),
         "epochs": epochs,
-        "summary": {
-            "wall_s": time.perf_counter() - run_start,
-            "train_s": clock.elapsed(),
-            "optimizer_steps": state.step,
-            "steps_this_run": state.step - start_step,
-            "measured_steps": measured_steps,
-            "warmup_excluded": warmup_excluded,
-            "step_time_s": measured_s / max(measured_steps, 1),
-            "unique_samples_per_s": unique_per_step * measured_steps / max(measured_s, 1e-9),
-            "processed_samples_per_s": processed_per_step * measured_steps / max(measured_s, 1e-9),
-            "train_loss": epochs[-1]["train_loss"] if epochs else None,
-            "val_accuracy": epochs[-1].get("val_accuracy") if epochs else None,
-            "peak_memory_bytes": peak,
-            "peak_memory_kind": peak_kind,
-            "loss_scale": scaler.get_scale() if scaler is not None else None,
-        },
+        "summary": summary,
         "output_dir": str(out_dir),
         "config": cfg.to_dict(),
     }
@@ -345,20 +336,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-@torch.no_grad()
-def evaluate(model, loader: DeviceLoader, policy, device: torch.device) -> float:
-    """Held-out accuracy; each rank scores its shard, the counts are summed over ranks."""
-    model.eval()
-    correct = torch.zeros((), device=device, dtype=torch.float64)
-    total = 0
-    for x, y in loader:
-        with policy.autocast():
-            correct += (model(x).argmax(dim=1) == y).sum()
-        total += len(y)
-    c, n = pdist.all_reduce_sum([correct.item(), float(total)], device)
-    return c / max(n, 1)
-
-
 def log(env: pdist.DistEnv, message: str) -> None:
     if env.is_main:
         print(f"paratrain: {message}", flush=True)
@@ -366,12 +343,25 @@ def log(env: pdist.DistEnv, message: str) -> None:
 
 def print_summary(result: dict[str, Any]) -> None:
     s = result["summary"]
-    acc = f"{s['val_accuracy']:.4f}" if s["val_accuracy"] is not None else "n/a"
     redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
+    if result["task"] == "lm":
+        mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") else ""
+        rate = f"{s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_step']:,.0f} per step), {s['step_time_s']:.3f} s/it{mfu}"
+        held = (
+            f"held-out loss {s['val_loss']:.4f}"
+            if s.get("val_loss") is not None
+            else "no held-out set"
+        )
+    else:
+        rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
+        held = (
+            f"held-out accuracy {s['val_accuracy']:.4f}"
+            if s["val_accuracy"] is not None
+            else "held-out accuracy n/a"
+        )
     print(
         f"paratrain: {result['strategy']} x{result['world_size']} {result['precision']}{redundant}: "
-        f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, "
-        f"{s['unique_samples_per_s']:,.1f} unique samples/s, held-out accuracy {acc}, "
+        f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
         f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})\n"
         f"paratrain: results in {result['output_dir']}/result.json",
         flush=True,

@@ -172,3 +172,26 @@ def test_seed_numbers_are_the_seeds():
         and seed["pin_memory"]["rows"]["true"]["time"] == 1165
     )
     assert seed["llm"]["rows"]["alpaca"] == {"it_1": 0.77, "it_n": 0.94}
+
+
+def test_llm_table_tokens_scaling_and_seed_columns():
+    def lm_row(key, label, nproc, tps, program="paratrain"):
+        r = row(key, label=label, nproc=nproc, thr=tps / 2048, program=program)
+        r.metrics = {
+            "measured_steps": 10,
+            "tokens_per_s": tps,
+            "tokens_per_step": 4096.0 * nproc,
+            "mfu": 0.4,
+        }
+        return r
+
+    rows = [
+        lm_row("a", "alpaca", 1, 10_000),
+        lm_row("b", "alpaca", 2, 19_600),
+        lm_row("c", "peft", 1, 8_000, "hf_lora"),
+        lm_row("d", "peft", 2, 15_000, "hf_lora"),
+    ]
+    tables, _ = build_report({"l": ("llm", {"reference": "peft"}, rows)})
+    a2 = next(r for r in tables[0].rows if r[0] == "alpaca" and r[1] == "2")
+    assert a2[3:8] == ["8,192", "19,600", "9,800", "98.0%", "1.31x"]
+    assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94"

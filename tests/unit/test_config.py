@@ -82,6 +82,18 @@ BAD = [
     (["--set", "noequals"], "--set: expected key=value"),
     (["--set", "data.image_size=3"], "data.image_size: must be in [8, 4096]"),
     (["--set", "train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
+    (["--set", "data.source=alpacca"], "data.source: got 'alpacca'; accepted:"),
+    (["--set", "data.source=alpaca"], "data.path: source alpaca reads files"),
+    (
+        ["--set", "data.source=synthetic-text"],
+        "model.path: a text data set fine-tunes a language model",
+    ),
+    (["--set", "model.init=random"], "model.shape: init=random needs a shape"),
+    (["--set", "lora.r=0"], "lora.r: must be >= 1"),
+    (
+        ["--set", "strategy=fsdp", "--set", "lora.save_merged=true"],
+        "lora.save_merged: merging needs whole weights",
+    ),
 ]
 
 

@@ -121,3 +121,31 @@ def test_unsupported_model_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("paratrain peer: error: model.name: 'my_models:build'")
+
+
+def test_hf_lora_baseline_under_torchrun(tmp_path):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        [
+            "data.source=synthetic-text",
+            "model.init=random",
+            "model.shape=tiny",
+            "device=cpu",
+            "data.max_length=64",
+            "data.batch_size=2",
+            "train.max_steps=6",
+            "train.warmup_steps=2",
+            "precision=fp32",
+        ],
+    )
+    out = tmp_path / "out"
+    run_cli(
+        ["--standalone", "--nproc-per-node", "2", "-m", "paratrain.bench.peers.hf_lora", cfg, out],
+        module="torch.distributed.run",
+    )
+    r = read_result(out)
+    s = r["summary"]
+    assert r["program"] == "hf_lora" and r["world_size"] == 2 and s["measured_steps"] == 4
+    assert s["tokens_per_step"] == 2 * 64 * 2 and s["tokens_per_s"] == pytest.approx(
+        s["unique_samples_per_s"] * 64
+    )

@@ -22,6 +22,7 @@ PEER_MODULES = {
     "accelerate": "paratrain.bench.peers.accelerate_ref",
     "fabric": "paratrain.bench.peers.fabric_ref",
     "sol": "paratrain.bench.peers.sol",
+    "hf_lora": "paratrain.bench.peers.hf_lora",
 }
 SKIPPED_EXIT = 3  # a peer whose library is not installed
 

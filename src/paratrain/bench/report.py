@@ -43,6 +43,8 @@ class Group:
     mem: Stat | None
     failed: list[str]
     redundant: bool
+    metrics_list: list[dict[str, Any]]
+    """Each successful run's summary (for metrics beyond the columns above)."""
 
     @property
     def nproc(self) -> int:
@@ -82,6 +84,7 @@ def group_rows(rows: list[Row]) -> list[Group]:
                     if r.status != "ok"
                 ],
                 redundant=any((r.result or {}).get("redundant_data") for r in ok),
+                metrics_list=[r.metrics or {} for r in ok],
             )
         )
     return groups
@@ -262,6 +265,65 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
     return Table("Configurations and peers", headers, rows)
 
 
+def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) -> Table:
+    """Seed table 5.2's layout (s/it on 1 and N GPUs per data set) plus what it leaves out:
+    tokens per iteration, tokens/s, MFU and memory."""
+
+    def metric(g: Group, key: str) -> float | None:
+        vals = [r for r in g.metrics_list if r.get(key) is not None]
+        return arith.stat([r[key] for r in vals]).median if vals else None
+
+    headers = [
+        "configuration",
+        "procs",
+        "s/it",
+        "tokens/it",
+        "tokens/s",
+        "tokens/s per GPU",
+        "scaling eff.",
+        f"vs {reference}" if reference else "vs reference",
+        "MFU",
+        "peak GiB/GPU",
+        "seed s/it (1 / 4 GPUs)",
+    ]
+    rows = []
+    for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
+        if g.thr is None:
+            rows.append([g.label, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 8)
+            continue
+        tps = metric(g, "tokens_per_s")
+        one = next((h for h in groups if h.label == g.label and h.nproc == 1 and h.thr), None)
+        ref = next(
+            (h for h in groups if h.label == reference and h.nproc == g.nproc and h.thr), None
+        )
+        tps1 = metric(one, "tokens_per_s") if one else None
+        ref_tps = metric(ref, "tokens_per_s") if ref else None
+        eff = tps / tps1 / g.nproc if tps and tps1 else None
+        mfu = metric(g, "mfu")
+        s = seed["rows"].get(g.label.lower())
+        rows.append(
+            [
+                g.label,
+                str(g.nproc),
+                g.step.fmt(3) if g.step else "n/a",
+                _fmt(metric(g, "tokens_per_step")),
+                _fmt(tps),
+                _fmt(tps / g.nproc if tps else None),
+                _fmt(eff * 100 if eff else None, ".1f", "%"),
+                _fmt(tps / ref_tps if tps and ref_tps else None, ".2f", "x"),
+                _fmt(mfu * 100 if mfu else None, ".1f", "%"),
+                _gib(g.mem),
+                f"{s['it_1']} / {s['it_n']}" if s else "n/a",
+            ]
+        )
+    notes = [
+        "tokens count non-padding tokens; scaling efficiency and ratios use tokens/s. MFU: "
+        "model FLOPs per token (6N full training, 4N + attention + 6 x adapters for LoRA; "
+        "src/paratrain/lm/model.py) x tokens/s per GPU / the GPU's dense bf16 peak."
+    ]
+    return Table("Language-model fine-tuning (seed table 5.2)", headers, rows, notes)
+
+
 def plain_table(groups: list[Group]) -> Table:
     headers = ["configuration", "img/s", "step ms", "held-out acc", "peak GiB"]
     rows = [
@@ -356,6 +418,8 @@ def build_report(
                     f"Seed: pin_memory gives {seed['pin_memory']['rows']['true']['speedup']}x (FP32, 4 GPUs). "
                     f"Ours: {sp:.2f}x."
                 )
+        elif kind == "llm":
+            table = llm_table(groups, seed["llm"], spec.get("reference"))
         elif kind == "variants":
             table = variants_table(groups, spec.get("reference"))
         else:

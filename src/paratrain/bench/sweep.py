@@ -29,8 +29,8 @@ from typing import Any
 from paratrain.config import RunConfig, load_config, read_yaml
 from paratrain.errors import ConfigError
 
-PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol")
-TABLES = ("dp_modes", "precision", "pin_memory", "variants", "plain")
+PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol", "hf_lora")
+TABLES = ("dp_modes", "precision", "pin_memory", "variants", "llm", "plain")
 _KEYS = {
     "name",
     "recipe",

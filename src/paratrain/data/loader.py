@@ -13,13 +13,27 @@ from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampl
 from paratrain.data.transforms import Prepared
 from paratrain.errors import UserError
 
+TEXT_FORMATS = ("alpaca", "grammar", "samsum", "slimorca")
+TEXT_SOURCES = (*TEXT_FORMATS, "synthetic-text")
+
 
 @dataclass(kw_only=True)
 class DataConfig:
-    source: Literal["mnist", "mnist-sample", "imagefolder", "synthetic"] = "mnist-sample"
-    """mnist (IDX files at path), mnist-sample (5,000 real digits shipped in a wheel), imagefolder, synthetic."""
+    source: Literal[
+        "mnist",
+        "mnist-sample",
+        "imagefolder",
+        "synthetic",
+        "alpaca",
+        "grammar",
+        "samsum",
+        "slimorca",
+        "synthetic-text",
+    ] = "mnist-sample"
+    """Images: mnist (IDX files), mnist-sample (5,000 real digits in a wheel), imagefolder, synthetic.
+    Text (fine-tune a language model): alpaca, grammar, samsum, slimorca, synthetic-text."""
     path: str | None = None
-    """Folder of the MNIST IDX files, or the ImageFolder root (one sub-folder per class)."""
+    """MNIST IDX folder, ImageFolder root, or a text data set: JSON / JSONL / Parquet file or hub name."""
     val_path: str | None = None
     """ImageFolder root of held-out images; without it val_fraction of path is held out."""
     val_fraction: float = 0.1
@@ -54,6 +68,14 @@ class DataConfig:
     """Native side of synthetic images (resized to image_size like real ones)."""
     num_classes: int = 10
     """Classes of the synthetic set (other sources know their own)."""
+    max_length: int = 2048
+    """Text: longest sequence in tokens (with packing, the length of every row)."""
+    truncation: bool = True
+    """Text: cut longer examples to max_length; false makes them an error."""
+    packing: bool = False
+    """Text: pack examples into max_length rows (position ids restart; no cross-example attention)."""
+    split: str = "train"
+    """Text: split of a hub data set."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -75,7 +97,9 @@ class DataConfig:
             raise ValueError(f"val_fraction: must be in [0, 1), got {self.val_fraction}")
         if self.limit_samples is not None and self.limit_samples < 1:
             raise ValueError(f"limit_samples: must be >= 1 or null, got {self.limit_samples}")
-        if self.source in ("mnist", "imagefolder") and not self.path:
+        if self.max_length < 8:
+            raise ValueError(f"max_length: must be >= 8, got {self.max_length}")
+        if self.source in ("mnist", "imagefolder", *TEXT_FORMATS) and not self.path:
             raise ValueError(
                 f"path: source {self.source} reads files; set data.path to their folder"
             )

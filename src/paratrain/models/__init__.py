@@ -10,6 +10,7 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import nn
 
@@ -28,9 +29,23 @@ _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 @dataclass(kw_only=True)
 class ModelConfig:
     name: str = "mobilenet_v2"
-    """mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+    """Image model: mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+    path: str | None = None
+    """Language model: a Hugging Face checkpoint directory (any AutoModelForCausalLM)."""
+    init: Literal["pretrained", "random"] = "pretrained"
+    """Language model: load the weights at path, or build the architecture with random weights."""
+    shape: Literal["llama3-8b", "llama3.2-1b", "tiny"] | None = None
+    """Language model with init=random and no path: a named Llama shape."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Language model attention kernel (transformers' attn_implementation)."""
 
     def __post_init__(self) -> None:
+        if self.init == "random" and self.path is None and self.shape is None:
+            raise ValueError(
+                "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny) or a path"
+            )
+        if self.init == "pretrained" and self.shape is not None:
+            raise ValueError("init: a shape builds random weights; set model.init=random")
         if self.name not in MODELS and not _USER.fullmatch(self.name):
             raise ValueError(
                 f"name: got {self.name!r}; accepted: {', '.join(MODELS)}, or module.path:builder"

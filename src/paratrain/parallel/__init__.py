@@ -14,14 +14,16 @@ from typing import Literal
 import torch
 
 from paratrain.parallel.data_parallel import apply_ddp, apply_dp, apply_single
+from paratrain.parallel.fsdp import apply_fsdp
 
-Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds"]
+Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds", "fsdp"]
 SamplerMode = Literal["full", "round-robin", "distributed"]
 
 
 @dataclass(frozen=True)
 class StrategySpec:
-    apply: Callable[[torch.nn.Module, torch.device], torch.nn.Module]
+    apply: Callable[..., torch.nn.Module]
+    """(model, device, precision policy) -> the wrapped or sharded model."""
     sampler: SamplerMode
     multiprocess: bool
     """Runs one process per device (launched through torchrun)."""
@@ -56,5 +58,11 @@ STRATEGIES: dict[str, StrategySpec] = {
         "distributed",
         True,
         doc="DDP with torch's DistributedSampler, set_epoch every epoch (seed's DDP-DS)",
+    ),
+    "fsdp": StrategySpec(
+        apply_fsdp,
+        "distributed",
+        True,
+        doc="FSDP2: fully_shard per block; weights, gradients and optimizer state sharded over ranks",
     ),
 }

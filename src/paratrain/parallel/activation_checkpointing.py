@@ -37,6 +37,17 @@ def _checkpointed_forward(forward, module: nn.Module, *args):
 
 
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
+    if hasattr(model, "gradient_checkpointing_enable"):  # HF transformers (also under peft)
+        # Non-reentrant: works with frozen inputs (LoRA), DDP and FSDP. transformers 5.2x renamed
+        # the method; older releases (the GPU machine's 5.17) only have the first name.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+        return model
     # The blocks' forward is replaced on the instance rather than wrapped in a new module, so
     # parameter names (and so checkpoints) are the same with and without checkpointing.
     for block in trunk_blocks(model):

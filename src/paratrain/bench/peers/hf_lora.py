@@ -1,0 +1,102 @@
+"""Plain transformers + peft LoRA fine-tuning, written the way their documentation shows: the
+baseline of issue 4's target. A Llama built from the config's shape (random weights) in the
+autocast dtype, get_peft_model, AdamW on the adapters, autocast, model(...).loss, DDP when
+torchrun starts several processes. Rows of random tokens, every token trained (as paratrain's
+synthetic-text source).
+
+    python -m torch.distributed.run --standalone --nproc-per-node=N \
+        -m paratrain.bench.peers.hf_lora CONFIG_YAML OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from paratrain.bench.peers import common
+from paratrain.config import load_config
+from paratrain.errors import UserError
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        common.fail("usage: python -m paratrain.bench.peers.hf_lora CONFIG_YAML OUT_DIR")
+    try:
+        cfg = load_config(sys.argv[1])
+    except UserError as e:
+        common.fail(str(e))
+    out_dir = Path(sys.argv[2])
+    if (
+        cfg.data.source != "synthetic-text"
+        or cfg.model.path is not None
+        or cfg.precision not in ("bf16", "fp32")
+    ):
+        common.fail(
+            "hf_lora: runs data.source=synthetic-text, model.init=random with a shape, bf16 or fp32"
+        )
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from paratrain.lm.model import SHAPES
+
+    rank, local_rank, world_size = common.world()
+    device = common.pick_device(cfg, local_rank)
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(
+        **SHAPES[cfg.model.shape], attn_implementation=cfg.model.attn_implementation
+    )
+    config.use_cache = False
+    model = LlamaForCausalLM(config).to(dtype=dtype, device=device)
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, lora)
+    if cfg.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    if dist.is_initialized():
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr
+    )
+
+    batch, length = cfg.data.batch_size, cfg.data.max_length
+    g = torch.Generator().manual_seed(cfg.seed + rank)
+    total = cfg.train.max_steps or 30
+    meter = common.Meter(device, cfg.train.warmup_steps, total)
+    model.train()
+    meter.start()
+    while meter.steps < total:
+        ids = torch.randint(0, config.vocab_size, (batch, length), generator=g).to(
+            device, non_blocking=True
+        )
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        meter.step(loss)
+    summary = meter.summary(batch, world_size)
+    tokens_per_step = batch * length * world_size
+    summary["tokens_per_s"] = summary["unique_samples_per_s"] * length
+    summary["tokens_per_step"] = tokens_per_step
+    if rank == 0:
+        common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Instruction data for causal-LM fine-tuning: read records, apply the format's template,
+tokenise with the prompt masked (-100), truncate, optionally pack, and batch.
+
+Packing concatenates examples into rows of exactly max_length tokens. Each example's position ids
+restart at 0 and no attention mask is passed: transformers then derives a block-diagonal causal
+mask from the position-id resets (masking_utils.find_packed_sequence_indices; FlashAttention-2
+uses the same resets as variable-length attention), so packed examples do not attend to each
+other. Each example starts with BOS, whose label is -100, so no token is trained to follow the
+previous example.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from paratrain.errors import DataError
+from paratrain.lm.formats import FORMATS
+
+IGNORE = -100
+
+
+def read_records(path: str, split: str = "train") -> list[dict]:
+    """JSON (a list of records), JSONL or Parquet on disk; otherwise a datasets hub name."""
+    p = Path(path)
+    if p.is_file():
+        try:
+            if p.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                return pq.read_table(p).to_pylist()
+            text = p.read_text()
+            if p.suffix == ".jsonl":
+                return [json.loads(line) for line in text.splitlines() if line.strip()]
+            data = json.loads(text)
+        except (json.JSONDecodeError, OSError, ValueError) as e:
+            raise DataError(f"data.path: cannot read {p} ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise DataError(f"data.path: {p} must hold a list of records (objects)")
+        return data
+    if p.exists() or path.startswith((".", "/")) or "/" not in path:
+        raise DataError(
+            f"data.path: no such file {path} (JSON, JSONL or Parquet), nor a hub name like org/name"
+        )
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"data.path: {path} is not a file, and reading a hub data set needs `pip install datasets`"
+        ) from None
+    try:
+        return list(datasets.load_dataset(path, split=split))
+    except Exception as e:  # noqa: BLE001 - offline, unknown name, ...: all one line for the user
+        raise DataError(
+            f"data.path: cannot load hub data set {path} ({str(e).splitlines()[0][:200]})"
+        ) from None
+
+
+def tokenize(
+    records: list[dict], fmt: str, tokenizer, *, max_length: int, truncation: bool, where: str
+):
+    """-> list of (input_ids, labels): BOS + segments + EOS, untrained segments labelled -100."""
+    segmented = [FORMATS[fmt](r, f"{where} record {i}") for i, r in enumerate(records)]
+    texts = [text for segs in segmented for text, _ in segs]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter([])
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    out = []
+    for i, segs in enumerate(segmented):
+        ids, labels = [bos], [IGNORE]
+        for _, trained in segs:
+            piece = next(encoded)
+            ids += piece
+            labels += piece if trained else [IGNORE] * len(piece)
+        ids.append(eos)
+        labels.append(eos)
+        if len(ids) > max_length:
+            if not truncation:
+                raise DataError(
+                    f"{where} record {i}: {len(ids)} tokens exceed data.max_length={max_length}; "
+                    "raise data.max_length or set data.truncation=true"
+                )
+            ids, labels = ids[:max_length], labels[:max_length]
+        out.append((ids, labels))
+    return out
+
+
+def synthetic_examples(n: int, length: int, vocab: int, seed: int):
+    """Random token rows of exactly `length`, every token trained: throughput runs without data."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, vocab, (n, length), generator=g).tolist()
+    return [(r, list(r)) for r in rows]
+
+
+def pack(examples, max_length: int, pad_id: int):
+    """Greedy packing into rows of max_length: -> list of (ids, labels, position_ids, n_real)."""
+    rows, ids, labels, pos = [], [], [], []
+
+    def close():
+        n_real = len(ids)
+        pad = max_length - n_real
+        # Padding is its own "document" (positions restart) so real tokens never attend to it.
+        rows.append((ids + [pad_id] * pad, labels + [IGNORE] * pad, pos + list(range(pad)), n_real))
+
+    for ex_ids, ex_labels in examples:
+        if ids and len(ids) + len(ex_ids) > max_length:
+            close()
+            ids, labels, pos = [], [], []
+        ids, labels, pos = ids + ex_ids, labels + ex_labels, pos + list(range(len(ex_ids)))
+    if ids:
+        close()
+    return rows
+
+
+class TokenRows(Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.rows[i]
+
+
+@dataclass
+class Collate:
+    """Pads unpacked examples to the longest in the batch (right, attention mask); packed rows
+    are already max_length and carry position ids instead of a mask."""
+
+    pad_id: int
+    packed: bool
+
+    def __call__(self, batch):
+        if self.packed:
+            ids, labels, pos, n_real = zip(*batch, strict=True)
+            return {
+                "input_ids": torch.tensor(ids),
+                "labels": torch.tensor(labels),
+                "position_ids": torch.tensor(pos),
+                "num_tokens": torch.tensor(sum(n_real)),
+            }
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, lab) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(lab)] = torch.tensor(lab)
+            mask[row, : len(ids)] = 1
+        return {
+            "input_ids": input_ids,
+            "labels": labels,
+            "attention_mask": mask,
+            "num_tokens": mask.sum(),
+        }

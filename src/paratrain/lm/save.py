@@ -1,0 +1,42 @@
+"""Saving what a LoRA run produced: the adapter in peft's format (PeftModel.from_pretrained loads
+it), the tokenizer beside it, and optionally the merged full model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import nn
+
+
+def full_state_dict(model: nn.Module) -> dict:
+    """Every rank calls this; rank 0 gets the whole (unsharded) state on the CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def save_adapter(
+    model: nn.Module, out_dir: Path, tokenizer, *, merged: bool, is_main: bool
+) -> dict[str, str]:
+    from paratrain.parallel.data_parallel import unwrap
+
+    peft_model = unwrap(model)
+    # Gathered from every rank (FSDP shards), written by rank 0 only.
+    state = full_state_dict(peft_model) if dist.is_initialized() else None
+    paths: dict[str, str] = {}
+    if is_main:
+        adapter_dir = out_dir / "adapter"
+        peft_model.save_pretrained(adapter_dir, state_dict=state)
+        tokenizer.save_pretrained(adapter_dir)
+        paths["adapter"] = str(adapter_dir)
+        if merged:
+            merged_dir = out_dir / "merged"
+            # Merging needs whole weights on this rank: DDP and single runs (config refuses fsdp).
+            peft_model.merge_and_unload().save_pretrained(merged_dir)
+            tokenizer.save_pretrained(merged_dir)
+            paths["merged"] = str(merged_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    return paths

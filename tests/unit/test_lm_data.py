@@ -1,0 +1,163 @@
+"""Instruction formats, masking, truncation, packing and their errors."""
+
+import json
+
+import pytest
+import torch
+
+from paratrain.errors import DataError, UserError
+from paratrain.lm import data as lmdata
+from paratrain.lm.formats import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, GRAMMAR, SAMSUM
+from paratrain.lm.tokenizer import byte_tokenizer, load_tokenizer
+
+TOK = byte_tokenizer()
+BOS, EOS = TOK.bos_token_id, TOK.eos_token_id
+
+
+def enc(text):
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+def expected(prompt, answer):
+    p, a = enc(prompt), enc(answer)
+    return [BOS, *p, *a, EOS], [-100] * (1 + len(p)) + a + [EOS]
+
+
+CASES = {
+    "alpaca": (
+        [
+            {"instruction": "Add.", "input": "2 and 3", "output": "5"},
+            {"instruction": "Greet.", "input": "", "output": "Hi"},
+        ],
+        [
+            expected(ALPACA_WITH_INPUT.format(instruction="Add.", input="2 and 3"), "5"),
+            expected(ALPACA_NO_INPUT.format(instruction="Greet."), "Hi"),
+        ],
+    ),
+    "grammar": (
+        [{"input": "he go", "output": "He goes."}],
+        [expected(GRAMMAR.format(input="he go"), "He goes.")],
+    ),
+    "samsum": (
+        [{"dialogue": "A: hi\nB: yo", "summary": "They greet."}],
+        [expected(SAMSUM.format(dialogue="A: hi\nB: yo"), "They greet.")],
+    ),
+}
+
+
+def write(tmp_path, records, suffix):
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.mark.parametrize(
+    "fmt,suffix", [("alpaca", ".json"), ("grammar", ".jsonl"), ("samsum", ".parquet")]
+)
+def test_format_masks_the_prompt(tmp_path, fmt, suffix):
+    records, want = CASES[fmt]
+    path = write(tmp_path, records, suffix)
+    got = lmdata.tokenize(
+        lmdata.read_records(str(path)), fmt, TOK, max_length=4096, truncation=True, where="t"
+    )
+    assert got == want
+
+
+def test_slimorca_trains_only_gpt_turns(tmp_path):
+    record = {
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "2+2?"},
+            {"from": "gpt", "value": "4"},
+        ]
+    }
+    path = write(tmp_path, [record], ".json")
+    ((ids, labels),) = lmdata.tokenize(
+        lmdata.read_records(str(path)), "slimorca", TOK, max_length=4096, truncation=True, where="t"
+    )
+    trained = TOK.decode([t for t, lab in zip(ids, labels, strict=True) if lab != -100])
+    assert trained == "4<|eot_id|><|end_of_text|>"
+    assert "Be brief." in TOK.decode(ids) and "2+2?" in TOK.decode(ids)
+
+
+def test_truncation_and_its_error():
+    records = [{"input": "x" * 100, "output": "y"}]
+    ((ids, labels),) = lmdata.tokenize(
+        records, "grammar", TOK, max_length=50, truncation=True, where="f.json"
+    )
+    assert len(ids) == len(labels) == 50
+    with pytest.raises(DataError, match=r"f.json record 0: \d+ tokens exceed data.max_length=50"):
+        lmdata.tokenize(records, "grammar", TOK, max_length=50, truncation=False, where="f.json")
+
+
+@pytest.mark.parametrize(
+    "fmt,record,field",
+    [
+        ("alpaca", {"instruction": "x"}, "output"),
+        ("grammar", {"output": "x"}, "input"),
+        ("samsum", {"dialogue": "x"}, "summary"),
+        ("slimorca", {"text": "x"}, "conversations"),
+    ],
+)
+def test_missing_field_names_file_record_and_field(fmt, record, field):
+    with pytest.raises(DataError, match=rf"data.json record 0: missing field '{field}'"):
+        lmdata.tokenize([record], fmt, TOK, max_length=64, truncation=True, where="data.json")
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(DataError, match="cannot read"):
+        lmdata.read_records(str(bad))
+    with pytest.raises(DataError, match="no such file"):
+        lmdata.read_records(str(tmp_path / "missing.json"))
+
+
+def test_model_path_without_tokenizer(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="has no tokenizer"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_packing_rows_restart_positions_and_pad():
+    examples = [([1, 2, 3], [-100, 2, 3]), ([4, 5], [-100, 5]), ([6, 7, 8, 9], [-100, 7, 8, 9])]
+    rows = lmdata.pack(examples, 6, pad_id=0)
+    assert [r[0] for r in rows] == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 0, 0]]
+    assert [r[2] for r in rows] == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
+    assert [r[1] for r in rows][0] == [-100, 2, 3, -100, 5, -100] and [r[3] for r in rows] == [5, 4]
+    batch = lmdata.Collate(0, packed=True)(rows)
+    assert batch["num_tokens"].item() == 9 and "attention_mask" not in batch
+
+
+def test_padded_batches_count_real_tokens():
+    batch = lmdata.Collate(9, packed=False)([([1, 2, 3], [-100, 2, 3]), ([4], [4])])
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 9, 9]]
+    assert batch["labels"].tolist() == [[-100, 2, 3], [4, -100, -100]]
+    assert batch["num_tokens"].item() == 4
+
+
+def test_packed_examples_do_not_attend_to_each_other():
+    """The second example's logits are the same packed behind another one as alone."""
+    from paratrain.lm.model import build_causal_lm
+
+    torch.manual_seed(0)
+    model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).eval()
+    model.config.use_cache = (
+        False  # as in training: transformers reads packing only without a cache
+    )
+    a, b = [256, 10, 11, 12, 13], [256, 20, 21, 22]
+    ((ids, _, pos, _),) = lmdata.pack([(a, a), (b, b)], 9, pad_id=258)
+    with torch.no_grad():
+        packed = model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos])).logits[0]
+        alone = model(input_ids=torch.tensor([b])).logits[0]
+        joined = model(input_ids=torch.tensor([a + b])).logits[0]  # no resets: b sees a
+    torch.testing.assert_close(packed[5:9], alone, atol=1e-5, rtol=1e-5)
+    assert (joined[5:9] - alone).abs().max() > 1e-3

@@ -1,0 +1,114 @@
+"""LoRA fine-tuning of a tiny random Llama in one process."""
+
+import torch
+from conftest import adapter_logits, lm_settings, write_alpaca
+
+import paratrain.tasks.lm as lm_task
+from paratrain.config import load_config
+from paratrain.train import train
+
+
+def test_lora_trains_only_adapters_and_loss_falls(tmp_path, monkeypatch):
+    seen = {}
+    build = lm_task.build
+
+    def spy(*args, **kwargs):
+        work = build(*args, **kwargs)
+        seen["model"] = work.model
+        seen["before"] = {n: p.detach().clone() for n, p in work.model.named_parameters()}
+        return work
+
+    monkeypatch.setattr(lm_task, "build", spy)
+    data = write_alpaca(tmp_path / "alpaca.json")
+    cfg = load_config(
+        None, lm_settings(data) + ["train.epochs=5", f"output_dir={tmp_path / 'run'}"]
+    )
+    result = train(cfg)
+
+    losses = [e["train_loss"] for e in result["epochs"]]
+    assert losses[-1] < losses[0] - 0.05, losses
+    after = dict(seen["model"].named_parameters())
+    changed = {n for n, before in seen["before"].items() if not torch.equal(before, after[n])}
+    assert changed and all("lora_" in n for n in changed)  # only adapters moved
+    assert {n for n in after if "lora_B" in n} <= changed  # ... and all of B (A may stay close)
+    s = result["summary"]
+    assert (
+        s["tokens_per_s"] > 0
+        and s["tokens_per_step"] > 0
+        and s["val_loss"] > 0
+        and s["mfu"] is None
+    )
+    assert result["workload"]["random_init"] and result["workload"]["trainable_parameters"] < 20_000
+
+
+def test_adapter_reloads_with_peft_and_gives_the_same_logits(tmp_path):
+    data = write_alpaca(tmp_path / "alpaca.json")
+    run = tmp_path / "run"
+    train(load_config(None, lm_settings(data) + ["train.max_steps=10", f"output_dir={run}"]))
+    loaded, from_ckpt, plain = adapter_logits(run)
+    torch.testing.assert_close(loaded, from_ckpt)
+    assert (loaded - plain).abs().max() > 1e-4  # the adapter does something
+    assert (run / "adapter" / "adapter_config.json").is_file() and (
+        run / "adapter" / "tokenizer.json"
+    ).is_file()
+    ckpt = torch.load(sorted((run / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+    assert ckpt["model"] and all("lora_" in k for k in ckpt["model"])  # frozen base not rewritten
+
+
+def test_gradient_checkpointing_and_packing_run(tmp_path):
+    data = write_alpaca(tmp_path / "alpaca.json")
+    cfg = load_config(
+        None,
+        lm_settings(data)
+        + [
+            "train.max_steps=4",
+            "train.activation_checkpointing=true",
+            "data.packing=true",
+            "data.max_length=128",
+            "data.batch_size=2",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
+    s = train(cfg)["summary"]
+    assert s["optimizer_steps"] == 4 and s["tokens_per_step"] > 200  # packed rows are nearly full
+
+
+def test_synthetic_text_needs_no_data(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "data.source=synthetic-text",
+            "model.init=random",
+            "model.shape=tiny",
+            "device=cpu",
+            "data.num_workers=0",
+            "data.batch_size=2",
+            "data.max_length=64",
+            "train.max_steps=3",
+            "log.progress=false",
+            f"output_dir={tmp_path / 'run'}",
+            "train.warmup_steps=1",
+        ],
+    )
+    result = train(cfg)
+    assert not result["data_real"] and result["summary"]["tokens_per_step"] == 2 * 64
+
+
+def test_fine_tune_from_a_checkpoint_directory(tmp_path):
+    """model.path: a saved Hugging Face checkpoint with its tokenizer, loaded the real way."""
+    from paratrain.lm.model import build_causal_lm
+    from paratrain.lm.tokenizer import byte_tokenizer
+
+    ckpt = tmp_path / "hf"
+    build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).save_pretrained(ckpt)
+    byte_tokenizer().save_pretrained(ckpt)
+    data = write_alpaca(tmp_path / "alpaca.json")
+    settings = [s for s in lm_settings(data) if not s.startswith("model.")]
+    result = train(
+        load_config(
+            None,
+            settings
+            + [f"model.path={ckpt}", "train.max_steps=3", f"output_dir={tmp_path / 'run'}"],
+        )
+    )
+    assert not result["workload"]["random_init"] and result["summary"]["optimizer_steps"] == 3
