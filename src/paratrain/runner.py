@@ -11,8 +11,9 @@ import torch
 
 from paratrain import launch
 from paratrain.config import RunConfig, to_yaml
-from paratrain.data.loader import load_source
+from paratrain.data.loader import TEXT_FORMATS, load_source
 from paratrain.errors import UserError
+from paratrain.lm.data import check_path
 from paratrain.models import resolve_builder
 from paratrain.parallel import STRATEGIES
 from paratrain.train import default_output_dir, train
@@ -36,9 +37,17 @@ def preflight(cfg: RunConfig, nproc: int) -> None:
             f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
             "use at most one process per GPU, or device=cpu"
         )
-    resolve_builder(cfg.model.name)
     if cfg.data.source in ("mnist", "imagefolder"):
+        resolve_builder(cfg.model.name)
         load_source(cfg.data, cfg.seed)  # names the missing files now, not in N workers
+    elif cfg.data.source in TEXT_FORMATS:
+        check_path(cfg.data.path)
+        if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
+            raise UserError(
+                f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
+            )
+    else:
+        resolve_builder(cfg.model.name)
 
 
 def execute(cfg: RunConfig) -> int:

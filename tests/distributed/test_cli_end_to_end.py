@@ -154,3 +154,24 @@ def test_mnist_idx_recipe_runs(tmp_path):
         result["config"]["model"]["name"] == "mobilenet_v2"
         and result["summary"]["optimizer_steps"] == 3
     )
+
+
+def test_missing_text_data_fails_before_any_worker_starts(tmp_path):
+    proc = run_cli(
+        [
+            "run",
+            RECIPES / "tiny_lora_cpu.yaml",
+            "--set",
+            "data.source=alpaca",
+            "--set",
+            f"data.path={tmp_path / 'nope.json'}",
+            "--nproc",
+            "2",
+        ],
+        check=False,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.count("\n") == 1
+        and "data.path: no such file" in proc.stderr
+    )

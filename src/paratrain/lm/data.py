@@ -24,6 +24,15 @@ from paratrain.lm.formats import FORMATS
 IGNORE = -100
 
 
+def check_path(path: str) -> None:
+    """A file on disk, or something shaped like a hub name (org/name); else a one-line error."""
+    p = Path(path)
+    if not p.is_file() and (p.exists() or path.startswith((".", "/")) or "/" not in path):
+        raise DataError(
+            f"data.path: no such file {path} (JSON, JSONL or Parquet), nor a hub name like org/name"
+        )
+
+
 def read_records(path: str, split: str = "train") -> list[dict]:
     """JSON (a list of records), JSONL or Parquet on disk; otherwise a datasets hub name."""
     p = Path(path)
@@ -42,10 +51,7 @@ def read_records(path: str, split: str = "train") -> list[dict]:
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"data.path: {p} must hold a list of records (objects)")
         return data
-    if p.exists() or path.startswith((".", "/")) or "/" not in path:
-        raise DataError(
-            f"data.path: no such file {path} (JSON, JSONL or Parquet), nor a hub name like org/name"
-        )
+    check_path(path)
     try:
         import datasets
     except ImportError:
