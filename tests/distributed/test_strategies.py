@@ -150,3 +150,19 @@ def test_fp16_and_bf16_train_on_cpu_processes(tmp_path, tiny_overrides):
         s = read_result(out)["summary"]
         assert s["optimizer_steps"] == 8 and s["val_accuracy"] is not None
         assert (s["loss_scale"] is not None) == (precision == "fp16")
+
+
+def test_fsdp_equals_single_with_world_times_batch(tmp_path, tiny_overrides, single_runs):
+    out = train_run(
+        tmp_path,
+        "fsdp",
+        tiny_overrides,
+        "--set",
+        "strategy=fsdp",
+        "--set",
+        "data.batch_size=16",
+        "--nproc",
+        "2",
+    )
+    assert max_abs_diff(final_weights(out), single_runs[32]) < TOL  # sharded, yet the same update
+    assert read_result(out)["strategy"] == "fsdp"
