@@ -74,6 +74,11 @@ class RunConfig:
                 raise ValueError(
                     "strategy: dp is for image models; use ddp-ds or fsdp for language models"
                 )
+        if self.model.loss_chunk_tokens and "lm_head" in self.lora.target_modules:
+            raise ValueError(
+                "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
+                "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
+            )
         if self.lora.save_merged and self.strategy == "fsdp":
             raise ValueError(
                 "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"

@@ -112,3 +112,48 @@ def test_fine_tune_from_a_checkpoint_directory(tmp_path):
         )
     )
     assert not result["workload"]["random_init"] and result["summary"]["optimizer_steps"] == 3
+
+
+def test_chunked_loss_equals_transformers_loss_and_gradients():
+    from paratrain.lm.data import Collate
+    from paratrain.lm.loss import ChunkedLossLM
+    from paratrain.lm.model import LoraConfig, apply_lora, build_causal_lm
+
+    torch.manual_seed(0)
+    model = apply_lora(build_causal_lm(None, "random", "tiny", "sdpa", torch.float32), LoraConfig())
+    model.config.use_cache = False
+    for (
+        p
+    ) in model.parameters():  # non-zero adapters (B starts at 0), so every gradient is non-trivial
+        if p.requires_grad:
+            p.data.normal_(0, 0.02)
+    batch = Collate(258, packed=False)(
+        [([256, 5, 6, 7, 8, 9], [-100, -100, 6, 7, 8, 9]), ([256, 1, 2], [-100, 2, 3])]
+    )
+    inputs = {k: v for k, v in batch.items() if k != "num_tokens"}
+    ref = model(**inputs).loss
+    ref.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    chunked = ChunkedLossLM(model, chunk=2)(**inputs).loss  # 3 chunks over 6 trained positions
+    chunked.backward()
+    torch.testing.assert_close(chunked, ref)
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, ref_grads[n], msg=n)
+
+
+def test_chunked_loss_trains_and_saves_the_adapter(tmp_path):
+    data = write_alpaca(tmp_path / "alpaca.json")
+    run = tmp_path / "run"
+    result = train(
+        load_config(
+            None,
+            lm_settings(data)
+            + ["train.max_steps=4", "model.loss_chunk_tokens=64", f"output_dir={run}"],
+        )
+    )
+    assert (
+        result["summary"]["optimizer_steps"] == 4
+        and (run / "adapter" / "adapter_config.json").is_file()
+    )

@@ -23,6 +23,7 @@ def save_adapter(
     from paratrain.parallel.data_parallel import unwrap
 
     peft_model = unwrap(model)
+    peft_model = getattr(peft_model, "lm", peft_model)  # under the chunked-loss wrapper
     # Gathered from every rank (FSDP shards), written by rank 0 only.
     state = full_state_dict(peft_model) if dist.is_initialized() else None
     paths: dict[str, str] = {}

@@ -38,12 +38,17 @@ class ModelConfig:
     """Language model with init=random and no path: a named Llama shape."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
     """Language model attention kernel (transformers' attn_implementation)."""
+    loss_chunk_tokens: int = 0
+    """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
+    whole [tokens, vocab] logits (lm/loss.py); 0 uses transformers' own loss."""
 
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:
             raise ValueError(
                 "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny) or a path"
             )
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens: must be >= 0, got {self.loss_chunk_tokens}")
         if self.init == "pretrained" and self.shape is not None:
             raise ValueError("init: a shape builds random weights; set model.init=random")
         if self.name not in MODELS and not _USER.fullmatch(self.name):

@@ -11,6 +11,7 @@ from paratrain import dist as pdist
 from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
+from paratrain.lm.loss import ChunkedLossLM
 from paratrain.lm.model import apply_lora, build_causal_lm, flops_per_token
 from paratrain.lm.tokenizer import load_tokenizer
 from paratrain.tasks import Workload
@@ -51,6 +52,8 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
         False  # the KV cache is for generation; training only wastes memory on it
     )
     model = apply_lora(model, cfg.lora).to(env.device)
+    if m.loss_chunk_tokens:
+        model = ChunkedLossLM(model, m.loss_chunk_tokens)
 
     examples = _examples(cfg, tokenizer, model.config.vocab_size)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0

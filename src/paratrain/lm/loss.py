@@ -1,0 +1,78 @@
+"""Chunked cross-entropy for causal LMs with large vocabularies.
+
+transformers computes logits for every position ([tokens, vocab]: 4,096 x 128,256 in bf16 is
+1 GB, and its loss upcasts them to fp32, 2 GB more) and keeps them for backward. Here the decoder
+runs as usual, then lm_head + cross-entropy run over `chunk` trained positions at a time under
+activation checkpointing: only one chunk's logits exist at once, in forward and in backward, and
+positions whose label is -100 (the prompt, padding) never reach lm_head at all.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+IGNORE = -100
+
+
+def _chunk_loss_sum(
+    hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    logits = hidden @ weight.t()
+    return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """Mean next-token loss: hidden [B, T, H], labels [B, T] (unshifted, as transformers takes them)."""
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    y = labels[:, 1:].reshape(-1)
+    keep = y != IGNORE
+    h, y = h[keep], y[keep]
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, len(y), chunk):
+        total = total + checkpoint(
+            _chunk_loss_sum,
+            h[start : start + chunk],
+            y[start : start + chunk],
+            weight,
+            use_reentrant=False,
+        )
+    return total / max(len(y), 1)
+
+
+class ChunkedLossLM(nn.Module):
+    """Wraps a causal LM (a peft model too) so that its forward returns the chunked loss.
+
+    The wrapper, not the model, is what DDP or FSDP wraps: their hooks must see the whole forward.
+    """
+
+    def __init__(self, lm: nn.Module, chunk: int):
+        super().__init__()
+        self.lm, self.chunk = lm, chunk
+
+    def get_base_model(self) -> nn.Module:
+        return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+
+    def gradient_checkpointing_enable(self, **kwargs):
+        return self.lm.gradient_checkpointing_enable(**kwargs)
+
+    def enable_input_require_grads(self):
+        return self.lm.enable_input_require_grads()
+
+    @property
+    def config(self):
+        return self.get_base_model().config
+
+    def forward(self, input_ids, labels, attention_mask=None, position_ids=None):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        base = self.get_base_model()
+        hidden = base.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        loss = chunked_cross_entropy(hidden, labels, base.lm_head.weight, self.chunk)
+        return CausalLMOutput(loss=loss)
