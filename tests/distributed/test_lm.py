@@ -50,3 +50,11 @@ def test_fsdp_matches_ddp(tmp_path, data):
     assert max_abs_diff(final_weights(fsdp), final_weights(ddp)) < 1e-5
     loaded, from_ckpt, _ = adapter_logits(fsdp)
     torch.testing.assert_close(loaded, from_ckpt)
+
+
+@pytest.mark.parametrize("strategy", ["ddp-ds", "fsdp"])
+def test_fp16_lora_with_loss_scaling(tmp_path, data, strategy):
+    out = run_lm(tmp_path, strategy, data, f"strategy={strategy}", "precision=fp16", "train.max_steps=4",
+                 "train.eval=false")
+    s = read_result(out)["summary"]
+    assert s["optimizer_steps"] == 4 and s["loss_scale"] is not None and s["tokens_per_s"] > 0
