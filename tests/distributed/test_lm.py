@@ -54,7 +54,14 @@ def test_fsdp_matches_ddp(tmp_path, data):
 
 @pytest.mark.parametrize("strategy", ["ddp-ds", "fsdp"])
 def test_fp16_lora_with_loss_scaling(tmp_path, data, strategy):
-    out = run_lm(tmp_path, strategy, data, f"strategy={strategy}", "precision=fp16", "train.max_steps=4",
-                 "train.eval=false")
+    out = run_lm(
+        tmp_path,
+        strategy,
+        data,
+        f"strategy={strategy}",
+        "precision=fp16",
+        "train.max_steps=4",
+        "train.eval=false",
+    )
     s = read_result(out)["summary"]
     assert s["optimizer_steps"] == 4 and s["loss_scale"] is not None and s["tokens_per_s"] > 0

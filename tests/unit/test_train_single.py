@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import TINY_SETTINGS
 
 from paratrain.config import load_config
 from paratrain.models import build_model
@@ -9,16 +10,7 @@ from paratrain.models.vision import build_mobilenet_v2, build_resnet50
 from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
 from paratrain.train import train
 
-BASE = [
-    "model.name=tiny_cnn",
-    "device=cpu",
-    "data.num_workers=0",
-    "train.optimizer=sgd",
-    "train.lr=0.05",
-    "log.progress=false",
-    "train.eval=false",
-    "data.limit_samples=512",
-]
+BASE = [*TINY_SETTINGS, "data.limit_samples=512"]
 
 
 def run(tmp_path, name, extra):
