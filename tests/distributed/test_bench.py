@@ -54,13 +54,13 @@ def test_failed_and_hung_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
 name: flaky
 recipe: {RECIPES / "tiny_cpu.yaml"}
 table: plain
-set: {{train.max_steps: 3, data.limit_samples: 256, log.progress: false, checkpoint.at_end: false, launch.nproc: 1}}
+set: {{train.max_steps: 3, data.limit_samples: 256, log.progress: false, checkpoint.at_end: false, strategy: single}}
 variants:
   - {{label: good}}
   - {{label: boom, set: {{model.name: "flaky:boom"}}}}
   - {{label: hang, set: {{model.name: "flaky:hang"}}}}
   - {{label: good too, set: {{train.lr: 0.001}}}}
-timeout_s: 20
+timeout_s: 15
 """)
     db = tmp_path / "r.db"
     args = ["bench", sweep, "--db", db, "--runs-dir", tmp_path / "runs", "--no-progress"]
