@@ -195,3 +195,15 @@ def test_llm_table_tokens_scaling_and_seed_columns():
     a2 = next(r for r in tables[0].rows if r[0] == "alpaca" and r[1] == "2")
     assert a2[3:8] == ["8,192", "19,600", "9,800", "98.0%", "1.31x"]
     assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94"
+
+
+def test_every_sweep_in_the_repo_loads():
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep
+
+    sweeps = sorted((RECIPES / "bench").glob("*.yaml"))
+    assert len(sweeps) >= 6
+    for path in sweeps:
+        sweep = load_sweep(path)
+        assert sweep.runs and len({r.key for r in sweep.runs}) == len(sweep.runs), path
