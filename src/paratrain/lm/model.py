@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,17 +75,25 @@ class LoraConfig:
 
 
 def build_causal_lm(
-    path: str | None, init: str, shape: str | None, attn: str, dtype: torch.dtype
+    path: str | None,
+    init: str,
+    shape: str | None,
+    attn: str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
 ) -> nn.Module:
+    """Random init builds straight on `device` in `dtype` (an 8B model in fp32 on the host would be
+    32 GB and minutes of single-threaded init); pretrained weights load on the host."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     if init == "random":
         if path is not None:
             config = AutoConfig.from_pretrained(path)
             config._attn_implementation = attn
-            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+            with building(dtype, device):
+                return AutoModelForCausalLM.from_config(config, dtype=dtype)
         config = LlamaConfig(**SHAPES[shape], attn_implementation=attn)
-        with _default_dtype(dtype):  # build directly in the target dtype: 8B in fp32 is 32 GB
+        with building(dtype, device):
             return LlamaForCausalLM(config)
     if not Path(path).is_dir():
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
@@ -96,16 +105,16 @@ def build_causal_lm(
         ) from None
 
 
-class _default_dtype:
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __enter__(self):
-        self.old = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self.old)
+@contextlib.contextmanager
+def building(dtype: torch.dtype, device: torch.device | str):
+    """New tensors in `dtype` on `device` (torch's default-dtype and device context)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:

@@ -47,7 +47,7 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
         if (cfg.lora.enabled and policy.autocast_dtype)
         else policy.param_dtype
     )
-    model = build_causal_lm(m.path, m.init, m.shape, m.attn_implementation, base_dtype)
+    model = build_causal_lm(m.path, m.init, m.shape, m.attn_implementation, base_dtype, env.device)
     model.config.use_cache = (
         False  # the KV cache is for generation; training only wastes memory on it
     )

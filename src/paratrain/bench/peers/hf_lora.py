@@ -42,7 +42,7 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from paratrain.lm.model import SHAPES
+    from paratrain.lm.model import SHAPES, building
 
     rank, local_rank, world_size = common.world()
     device = common.pick_device(cfg, local_rank)
@@ -54,7 +54,8 @@ def main() -> None:
         **SHAPES[cfg.model.shape], attn_implementation=cfg.model.attn_implementation
     )
     config.use_cache = False
-    model = LlamaForCausalLM(config).to(dtype=dtype, device=device)
+    with building(dtype, device):  # init on the GPU in bf16: 8B in fp32 on the host is 32 GB
+        model = LlamaForCausalLM(config)
     lora = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
