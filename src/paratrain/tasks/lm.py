@@ -16,7 +16,7 @@ from paratrain.lm.model import apply_lora, build_causal_lm, flops_per_token
 from paratrain.lm.tokenizer import load_tokenizer
 from paratrain.tasks import Workload
 
-SYNTHETIC_ROWS = 4096
+SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
 
 
 def _examples(cfg, tokenizer, vocab: int):
