@@ -102,6 +102,11 @@ def _acc(s: Stat | None) -> str:
     return s.fmt(1, 100) + "%" if s else "n/a"
 
 
+def measured(groups: list[Group], label: str | None, nproc: int) -> Group | None:
+    """The measured group of a label at a process count: the 1-process base, or the reference."""
+    return next((h for h in groups if h.label == label and h.nproc == nproc and h.thr), None)
+
+
 def failures(groups: list[Group]) -> list[str]:
     return [f"{g.label} {g.params}: {msg}" for g in groups for msg in g.failed]
 
@@ -239,10 +244,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
                 [g.label, g.program, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 6
             )
             continue
-        one = next((h for h in groups if h.label == g.label and h.nproc == 1 and h.thr), None)
-        ref = next(
-            (h for h in groups if h.label == reference and h.nproc == g.nproc and h.thr), None
-        )
+        one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
         eff = (
             arith.efficiency(arith.speedup(g.thr.median, one.thr.median), g.nproc) if one else None
         )
@@ -292,10 +294,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
             rows.append([g.label, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 8)
             continue
         tps = metric(g, "tokens_per_s")
-        one = next((h for h in groups if h.label == g.label and h.nproc == 1 and h.thr), None)
-        ref = next(
-            (h for h in groups if h.label == reference and h.nproc == g.nproc and h.thr), None
-        )
+        one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
         tps1 = metric(one, "tokens_per_s") if one else None
         ref_tps = metric(ref, "tokens_per_s") if ref else None
         eff = tps / tps1 / g.nproc if tps and tps1 else None

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from paratrain import metrics
@@ -148,6 +148,35 @@ def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+
+def image_loader(
+    dataset: Dataset, cfg: RunConfig, device: torch.device, sampler=None
+) -> DataLoader:
+    """The seed's loader: batch per process, workers, pinned memory on CUDA, whole batches only.
+    Without a sampler it shuffles (Accelerate and Fabric shard it themselves)."""
+    return DataLoader(
+        dataset,
+        batch_size=cfg.data.batch_size,
+        sampler=sampler,
+        shuffle=sampler is None,
+        num_workers=cfg.data.num_workers,
+        pin_memory=cfg.data.pin_memory
+        and device.type == "cuda",  # page-locking means nothing on a CPU
+        drop_last=True,
+    )
+
+
+def grad_scaler(cfg: RunConfig, device: torch.device) -> torch.amp.GradScaler:
+    """Enabled for fp16 only; disabled, scale() returns the loss and step() is optimizer.step()."""
+    return torch.amp.GradScaler(
+        device.type,
+        init_scale=cfg.scaler.init_scale,
+        growth_factor=cfg.scaler.growth_factor,
+        backoff_factor=cfg.scaler.backoff_factor,
+        growth_interval=cfg.scaler.growth_interval,
+        enabled=cfg.precision == "fp16",
+    )
 
 
 def planned_steps(cfg: RunConfig, steps_per_epoch: int) -> int:

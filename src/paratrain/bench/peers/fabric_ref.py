@@ -13,7 +13,6 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from paratrain.bench.peers import common
 
@@ -58,15 +57,8 @@ def main() -> None:
 
     source = common.load_source(cfg)
     dataset = common.PeerImages(source, cfg)
-    pin = cfg.data.pin_memory and device.type == "cuda"
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.data.batch_size,
-        shuffle=True,
-        num_workers=cfg.data.num_workers,
-        pin_memory=pin,
-        drop_last=True,
-    )
+    loader = common.image_loader(dataset, cfg, device)
+    pin = loader.pin_memory  # as the loader applied it (False on a CPU)
     model = common.build_model(cfg.model.name, source.num_classes)
     optimizer = common.build_optimizer(model.parameters(), cfg)
     model, optimizer = fabric.setup(model, optimizer)

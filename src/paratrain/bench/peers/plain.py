@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from paratrain.bench.peers import common
 
@@ -36,29 +36,14 @@ def main() -> None:
     sampler = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
     )
-    pin = cfg.data.pin_memory and device.type == "cuda"  # page-locking means nothing on a CPU
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.data.batch_size,
-        sampler=sampler,
-        num_workers=cfg.data.num_workers,
-        pin_memory=pin,
-        drop_last=True,
-    )
+    loader = common.image_loader(dataset, cfg, device, sampler)
+    pin = loader.pin_memory  # as the loader applied it (False on a CPU)
 
     model = common.build_model(cfg.model.name, source.num_classes).to(device)
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = common.build_optimizer(model.parameters(), cfg)
     amp_dtype = common.AUTOCAST.get(cfg.precision)
-    # Disabled for fp32/bf16: scale() returns the loss and step() is optimizer.step().
-    scaler = torch.amp.GradScaler(
-        device.type,
-        init_scale=cfg.scaler.init_scale,
-        growth_factor=cfg.scaler.growth_factor,
-        backoff_factor=cfg.scaler.backoff_factor,
-        growth_interval=cfg.scaler.growth_interval,
-        enabled=cfg.precision == "fp16",
-    )
+    scaler = common.grad_scaler(cfg, device)
     total = common.planned_steps(cfg, len(loader))
     meter = common.Meter(device, cfg.train.warmup_steps, total)
 

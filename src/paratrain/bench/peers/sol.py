@@ -37,14 +37,7 @@ def main() -> None:
     optimizer = common.build_optimizer(model.parameters(), cfg)
     amp_dtype = common.AUTOCAST.get(cfg.precision)
     # Keep the scaler for fp16: its unscale and inf check are part of a real fp16 step's cost.
-    scaler = torch.amp.GradScaler(
-        device.type,
-        init_scale=cfg.scaler.init_scale,
-        growth_factor=cfg.scaler.growth_factor,
-        backoff_factor=cfg.scaler.backoff_factor,
-        growth_interval=cfg.scaler.growth_interval,
-        enabled=cfg.precision == "fp16",
-    )
+    scaler = common.grad_scaler(cfg, device)
     images = torch.randn(batch, 1, side, side, device=device).contiguous(memory_format=layout)
     labels = torch.randint(0, source.num_classes, (batch,), device=device)
     meter = common.Meter(device, cfg.train.warmup_steps, total)
