@@ -78,7 +78,15 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     model = work.model
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
-    inner = torch.compile(model, mode=tc.compile_mode) if tc.compile else model
+    inner = model
+    if tc.compile and work.blocks:
+        # Regional compilation (as torchtitan does): each decoder layer compiled in place; the
+        # layers share one graph, so compile time does not grow with depth, and peft's wrappers
+        # and the loss run eagerly around them. FSDP then shards the compiled layers.
+        for block in work.blocks:
+            block.compile(mode=tc.compile_mode)
+    elif tc.compile:
+        inner = torch.compile(model, mode=tc.compile_mode)
     model = spec.apply(inner, device, policy)
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank

@@ -46,3 +46,60 @@ def test_bf16_lora_on_gpus(tmp_path, strategy):
     assert r["backend"] == "nccl" and s["optimizer_steps"] == 12 and s["tokens_per_s"] > 0
     assert s["peak_memory_kind"] == "cuda_max_allocated" and s["mfu"] is not None
     assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize("strategy", ["ddp-ds", pytest.param("fsdp", marks=two_gpus)])
+def test_regional_compile_with_chunked_loss_on_gpus(tmp_path, strategy):
+    data = write_alpaca(tmp_path / "alpaca.json", n=96)
+    nproc = min(2, torch.cuda.device_count())
+    settings = gpu_settings(data) + [
+        f"strategy={strategy}",
+        "train.max_steps=6",
+        "train.compile=true",
+        "model.loss_chunk_tokens=128",
+    ]
+    out = tmp_path / "run"
+    run_cli(
+        ["run", *[a for s in settings for a in ("--set", s)], "--nproc", nproc, "--output-dir", out]
+    )
+    s = read_result(out)["summary"]
+    assert s["optimizer_steps"] == 6 and s["tokens_per_s"] > 0
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+def test_liger_loss_and_gradients_equal_transformers():
+    """model.kernels=liger (Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) gives
+    transformers' loss and adapter gradients, within bf16 rounding. Last in the file: Liger
+    patches transformers' Llama module for the rest of the process."""
+    pytest.importorskip("liger_kernel")
+    from paratrain.lm.loss import ChunkedLossLM
+    from paratrain.lm.model import LoraConfig, apply_kernels, apply_lora, build_causal_lm
+
+    def lm(kernels):
+        torch.manual_seed(0)
+        model = build_causal_lm(None, "random", "tiny", "sdpa", torch.bfloat16, "cuda")
+        model.config.use_cache = False
+        model = apply_lora(apply_kernels(model, kernels, torch.device("cuda")), LoraConfig())
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)  # nonzero B: gradients reach every adapter
+        return ChunkedLossLM(model, 0, fused="liger") if kernels == "liger" else model
+
+    ids = torch.randint(0, 300, (2, 64), device="cuda")
+    labels = ids.clone()
+    labels[:, :10] = -100
+    out = {}
+    for kernels in ("none", "liger"):
+        model = lm(kernels)
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        grads = {
+            n.replace("lm.", "", 1): p.grad.float()
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
+        out[kernels] = (loss.float(), grads)
+    torch.testing.assert_close(out["liger"][0], out["none"][0], atol=2e-2, rtol=2e-2)
+    for n, g in out["none"][1].items():
+        torch.testing.assert_close(out["liger"][1][n], g, atol=5e-3, rtol=5e-2, msg=n)

@@ -157,3 +157,42 @@ def test_chunked_loss_trains_and_saves_the_adapter(tmp_path):
         result["summary"]["optimizer_steps"] == 4
         and (run / "adapter" / "adapter_config.json").is_file()
     )
+
+
+def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
+    """train.compile on a language model compiles each decoder layer in place (names and
+    checkpoints unchanged) and follows the eager run's losses."""
+    seen = {}
+    build = lm_task.build
+
+    def spy(*args, **kwargs):
+        work = build(*args, **kwargs)
+        seen["blocks"] = work.blocks
+        return work
+
+    monkeypatch.setattr(lm_task, "build", spy)
+    data = write_alpaca(tmp_path / "alpaca.json")
+    common = lm_settings(data) + ["train.max_steps=3", "train.eval=false"]
+    eager = train(load_config(None, common + [f"output_dir={tmp_path / 'eager'}"]))
+    compiled = train(
+        load_config(None, common + ["train.compile=true", f"output_dir={tmp_path / 'compiled'}"])
+    )
+    assert len(seen["blocks"]) == 2  # the tiny shape's two decoder layers
+    assert all(b._compiled_call_impl is not None for b in seen["blocks"])
+    a, b = eager["summary"]["train_loss"], compiled["summary"]["train_loss"]
+    assert abs(a - b) < 1e-3 * abs(a), (a, b)
+    ckpt = torch.load(
+        sorted((tmp_path / "compiled" / "checkpoints").glob("*.pt"))[-1], weights_only=False
+    )
+    assert not any("_orig_mod" in k for k in ckpt["model"])
+
+
+def test_liger_kernels_off_cuda_is_a_one_line_error(tmp_path):
+    import pytest
+
+    from paratrain.errors import UserError
+
+    data = write_alpaca(tmp_path / "alpaca.json")
+    cfg = load_config(None, lm_settings(data) + ["model.kernels=liger", f"output_dir={tmp_path}"])
+    with pytest.raises(UserError, match="model.kernels: liger runs Triton kernels on CUDA"):
+        train(cfg)

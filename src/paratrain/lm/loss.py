@@ -1,10 +1,13 @@
-"""Chunked cross-entropy for causal LMs with large vocabularies.
+"""Cross-entropy for causal LMs with large vocabularies, without the whole logits tensor.
 
 transformers computes logits for every position ([tokens, vocab]: 4,096 x 128,256 in bf16 is
 1 GB, and its loss upcasts them to fp32, 2 GB more) and keeps them for backward. Here the decoder
 runs as usual, then lm_head + cross-entropy run over `chunk` trained positions at a time under
 activation checkpointing: only one chunk's logits exist at once, in forward and in backward, and
 positions whose label is -100 (the prompt, padding) never reach lm_head at all.
+
+With model.kernels=liger the same wrapper calls Liger-Kernel's fused linear cross-entropy instead
+(a Triton kernel that computes each chunk's logits, loss and gradients in one pass, on CUDA).
 """
 
 from __future__ import annotations
@@ -44,15 +47,26 @@ def chunked_cross_entropy(
     return total / max(len(y), 1)
 
 
+def liger_cross_entropy(
+    hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """Mean next-token loss through Liger-Kernel's fused lm_head + cross-entropy (CUDA only)."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    y = labels[:, 1:].reshape(-1)
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight, h, y)
+
+
 class ChunkedLossLM(nn.Module):
     """Wraps a causal LM (a peft model too) so that its forward returns the chunked loss.
 
     The wrapper, not the model, is what DDP or FSDP wraps: their hooks must see the whole forward.
     """
 
-    def __init__(self, lm: nn.Module, chunk: int):
+    def __init__(self, lm: nn.Module, chunk: int, fused: str = "none"):
         super().__init__()
-        self.lm, self.chunk = lm, chunk
+        self.lm, self.chunk, self.fused = lm, chunk, fused
 
     def get_base_model(self) -> nn.Module:
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
@@ -74,5 +88,8 @@ class ChunkedLossLM(nn.Module):
         hidden = base.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
-        loss = chunked_cross_entropy(hidden, labels, base.lm_head.weight, self.chunk)
+        if self.fused == "liger":
+            loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
+        else:
+            loss = chunked_cross_entropy(hidden, labels, base.lm_head.weight, self.chunk)
         return CausalLMOutput(loss=loss)

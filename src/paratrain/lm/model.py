@@ -143,6 +143,40 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     return model
 
 
+def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Module:
+    """Swap fused Triton kernels into a transformers model instance (before LoRA wraps it).
+
+    liger: Liger-Kernel's RMSNorm, rotary embedding and SwiGLU MLP, found by the config's
+    model_type. Its fused linear cross-entropy is applied by the loss wrapper (lm/loss.py), not
+    by patching the model's forward, so the same loss path serves every strategy.
+    """
+    if kernels == "none":
+        return model
+    if device.type != "cuda":
+        raise UserError(
+            f"model.kernels: {kernels} runs Triton kernels on CUDA GPUs; this run is on {device.type}"
+        )
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        raise UserError(
+            "model.kernels: liger needs the liger-kernel package (pip install liger-kernel)"
+        ) from None
+    model_type = model.config.model_type
+    patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if patch is None:
+        raise UserError(f"model.kernels: liger-kernel has no kernels for model type {model_type!r}")
+    patch(
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+        model=model,
+    )
+    return model
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks (under a peft wrapper too): the unit of FSDP sharding."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -35,6 +35,9 @@ class Workload:
     """For MFU (language models)."""
     finish: Callable[[nn.Module, Path], dict[str, str]] | None = None
     """Rank-collective; saves artifacts (a LoRA adapter) and returns their paths."""
+    blocks: list[nn.Module] | None = None
+    """Repeated blocks (decoder layers): torch.compile compiles each in place instead of the whole
+    model, so one graph serves every layer and the wrapper code (peft, the loss) stays eager."""
 
 
 def task_of(data_source: str) -> str:

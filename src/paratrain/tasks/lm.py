@@ -12,7 +12,13 @@ from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampl
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.lm.loss import ChunkedLossLM
-from paratrain.lm.model import apply_lora, build_causal_lm, flops_per_token
+from paratrain.lm.model import (
+    apply_kernels,
+    apply_lora,
+    build_causal_lm,
+    decoder_layers,
+    flops_per_token,
+)
 from paratrain.lm.tokenizer import load_tokenizer
 from paratrain.tasks import Workload
 
@@ -51,9 +57,11 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
     model.config.use_cache = (
         False  # the KV cache is for generation; training only wastes memory on it
     )
+    model = apply_kernels(model, m.kernels, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
-    if m.loss_chunk_tokens:
-        model = ChunkedLossLM(model, m.loss_chunk_tokens)
+    if m.loss_chunk_tokens or m.kernels == "liger":
+        fused = "none" if m.loss_chunk_tokens else m.kernels
+        model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
 
     examples = _examples(cfg, tokenizer, model.config.vocab_size)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
@@ -163,9 +171,11 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
         evaluate=evaluate,
         flops_per_token=flops_per_token(model, seq_len, cfg.lora.enabled),
         finish=finish if cfg.lora.enabled else None,
+        blocks=decoder_layers(model),
         info={
             "data_real": d.source != "synthetic-text",
             "random_init": m.init == "random",
+            "kernels": m.kernels,
             "pin_memory": pin,
             "train_rows": len(train_rows),
             "trainable_parameters": trainable,
