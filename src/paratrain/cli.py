@@ -206,7 +206,14 @@ def cmd_report(args: argparse.Namespace) -> int:
             for p in plots_for(kind, n, group_rows(rows), Path(args.plot))
         ]
         if args.format == "md" and made:
-            text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p})" for p in made) + "\n"
+            # Links relative to where the report is written, so they work beside it.
+            base = Path(args.out).resolve().parent if args.out else Path.cwd()
+            links = [os.path.relpath(p.resolve(), base) for p in made]
+            text += (
+                "\n## Plots\n\n"
+                + "\n".join(f"![{p.stem}]({link})" for p, link in zip(made, links, strict=True))
+                + "\n"
+            )
         print(
             f"paratrain report: plots: {', '.join(map(str, made)) or 'none (nothing to plot)'}",
             flush=True,

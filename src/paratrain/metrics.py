@@ -40,6 +40,10 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
 
 
 def git_commit() -> str | None:
+    # A declared commit wins: a copied working tree (a lent GPU machine) can carry a .git that
+    # lags behind the code actually run.
+    if os.environ.get("PARATRAIN_COMMIT"):
+        return os.environ["PARATRAIN_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -60,7 +64,7 @@ def git_commit() -> str | None:
             return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("PARATRAIN_COMMIT")
+    return None
 
 
 def hardware(device: torch.device, world_size: int) -> dict[str, Any]:

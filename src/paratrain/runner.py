@@ -15,8 +15,10 @@ from paratrain.data.loader import TEXT_FORMATS
 from paratrain.data.sources import find_mnist_files
 from paratrain.errors import UserError
 from paratrain.lm.data import check_path
+from paratrain.lm.model import check_kernels
 from paratrain.models import resolve_builder
 from paratrain.parallel import STRATEGIES
+from paratrain.tasks import task_of
 from paratrain.train import default_output_dir, train
 
 
@@ -47,6 +49,8 @@ def preflight(cfg: RunConfig, nproc: int) -> None:
         raise UserError(
             f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
         )
+    if task_of(cfg.data.source) == "lm":
+        check_kernels(cfg.model.kernels, "cuda" if cuda else "cpu")
     if cfg.data.source in TEXT_FORMATS:
         check_path(cfg.data.path)
         if cfg.model.path is not None and not Path(cfg.model.path).is_dir():

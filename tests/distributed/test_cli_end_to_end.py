@@ -175,3 +175,18 @@ def test_missing_text_data_fails_before_any_worker_starts(tmp_path):
         and proc.stderr.count("\n") == 1
         and "data.path: no such file" in proc.stderr
     )
+
+
+def test_fused_kernels_off_cuda_fail_before_any_worker_starts(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(
+        ["run", RECIPES / "tiny_lora_cpu.yaml", "--set", "model.kernels=liger-loss"]
+        + ["--nproc", "2", "--output-dir", out],
+        check=False,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.count("\n") == 1
+        and "model.kernels: liger-loss runs Triton kernels on CUDA GPUs" in proc.stderr
+        and not out.exists()
+    )

@@ -197,6 +197,26 @@ def test_llm_table_tokens_scaling_and_seed_columns():
     assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94"
 
 
+def test_llm_plot_shows_tokens_per_gpu(tmp_path, monkeypatch):
+    from paratrain.bench import plots
+
+    r = row("a", label="alpaca", nproc=2, thr=5.0)
+    r.metrics = {"measured_steps": 10, "tokens_per_s": 20_000.0}
+    seen = {}
+    real = plots.plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = real(*args, **kwargs)
+        seen["axes"] = axes
+        return fig, axes
+
+    monkeypatch.setattr(plots.plt, "subplots", spy)
+    (png,) = plots.plots_for("llm", "lora", group_rows([r]), tmp_path)
+    bar = seen["axes"][0].patches[0]
+    assert png.is_file() and bar.get_width() == 10_000.0  # tokens/s per GPU, not samples/s
+    assert seen["axes"][0].get_xlabel() == "tokens/s per GPU"
+
+
 def test_every_sweep_in_the_repo_loads():
     from conftest import RECIPES
 

@@ -42,23 +42,36 @@ def speedup_plot(groups: list[Group], path: Path, key: str = "strategy") -> Path
     return path
 
 
-def bars_plot(groups: list[Group], path: Path, key: str, title: str) -> Path | None:
-    """Throughput and peak memory per value of `key` (precision, a label, ...)."""
+def _samples(g: Group) -> tuple[float, float, float]:
+    return g.thr.median, g.thr.low, g.thr.high
+
+
+def _tokens_per_gpu(g: Group) -> tuple[float, float, float]:
+    values = sorted(m["tokens_per_s"] / g.nproc for m in g.metrics_list if m.get("tokens_per_s"))
+    return values[len(values) // 2], values[0], values[-1]
+
+
+def bars_plot(
+    groups: list[Group], path: Path, key: str, title: str, tokens: bool = False
+) -> Path | None:
+    """Throughput and peak memory per value of `key` (precision, a label, ...); language models
+    plot tokens/s per GPU, the figure their table compares."""
+    value = _tokens_per_gpu if tokens else _samples
     items = [(f"{_name(g, key)} x{g.nproc}", g) for g in groups if g.thr]
+    if tokens:
+        items = [(n, g) for n, g in items if any(m.get("tokens_per_s") for m in g.metrics_list)]
     if not items:
         return None
     # Horizontal bars: configuration names are long and stay readable on the y axis.
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 1.2 + 0.45 * len(items)), sharey=True)
     names = [n for n, _ in items]
+    stats = [value(g) for _, g in items]
     a.barh(
         names,
-        [g.thr.median for _, g in items],
-        xerr=[
-            [g.thr.median - g.thr.low for _, g in items],
-            [g.thr.high - g.thr.median for _, g in items],
-        ],
+        [m for m, _, _ in stats],
+        xerr=[[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]],
     )
-    a.set_xlabel("unique samples/s")
+    a.set_xlabel("tokens/s per GPU" if tokens else "unique samples/s")
     a.invert_yaxis()
     b.barh(names, [(g.mem.median if g.mem else 0) / 2**30 for _, g in items], color="tab:orange")
     b.set_xlabel("peak memory per device, GiB")
@@ -88,5 +101,7 @@ def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[
             )
         )
     else:
-        made.append(bars_plot(groups, out_dir / f"{name}_runs.png", "label", name))
+        made.append(
+            bars_plot(groups, out_dir / f"{name}_runs.png", "label", name, tokens=kind == "llm")
+        )
     return [p for p in made if p is not None]

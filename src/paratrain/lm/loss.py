@@ -27,8 +27,21 @@ def _chunk_loss_sum(
     return F.cross_entropy(logits.float(), labels, reduction="sum")
 
 
+class ChunkLoss(nn.Module):
+    """One chunk's lm_head + summed cross-entropy. A module (without parameters) so that
+    train.compile can compile it in place like a decoder layer: the fp32 upcast, log-softmax and
+    gather then fuse instead of each reading the chunk's logits from memory."""
+
+    def forward(self, hidden, labels, weight):
+        return _chunk_loss_sum(hidden, labels, weight)
+
+
 def chunked_cross_entropy(
-    hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, chunk: int
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weight: torch.Tensor,
+    chunk: int,
+    loss_fn=_chunk_loss_sum,
 ) -> torch.Tensor:
     """Mean next-token loss: hidden [B, T, H], labels [B, T] (unshifted, as transformers takes them)."""
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
@@ -38,7 +51,7 @@ def chunked_cross_entropy(
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, len(y), chunk):
         total = total + checkpoint(
-            _chunk_loss_sum,
+            loss_fn,
             h[start : start + chunk],
             y[start : start + chunk],
             weight,
@@ -67,6 +80,7 @@ class ChunkedLossLM(nn.Module):
     def __init__(self, lm: nn.Module, chunk: int, fused: str = "none"):
         super().__init__()
         self.lm, self.chunk, self.fused = lm, chunk, fused
+        self.chunk_loss = ChunkLoss()
 
     def get_base_model(self) -> nn.Module:
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
@@ -88,8 +102,10 @@ class ChunkedLossLM(nn.Module):
         hidden = base.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
-        if self.fused == "liger":
+        if self.fused.startswith("liger"):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
         else:
-            loss = chunked_cross_entropy(hidden, labels, base.lm_head.weight, self.chunk)
+            loss = chunked_cross_entropy(
+                hidden, labels, base.lm_head.weight, self.chunk, self.chunk_loss
+            )
         return CausalLMOutput(loss=loss)

@@ -143,25 +143,37 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     return model
 
 
+def check_kernels(kernels: str, device_type: str) -> None:
+    """model.kernels needs a CUDA device and the liger-kernel package (checked before launch)."""
+    if kernels == "none":
+        return
+    if device_type != "cuda":
+        raise UserError(
+            f"model.kernels: {kernels} runs Triton kernels on CUDA GPUs; this run is on {device_type}"
+        )
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"model.kernels: {kernels} needs the liger-kernel package (pip install liger-kernel)"
+        ) from None
+
+
 def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Module:
     """Swap fused Triton kernels into a transformers model instance (before LoRA wraps it).
 
     liger: Liger-Kernel's RMSNorm, rotary embedding and SwiGLU MLP, found by the config's
-    model_type. Its fused linear cross-entropy is applied by the loss wrapper (lm/loss.py), not
-    by patching the model's forward, so the same loss path serves every strategy.
+    model_type. Its fused linear cross-entropy (also the whole of liger-loss) is applied by the
+    loss wrapper (lm/loss.py), not by patching the model's forward, so the same loss path serves
+    every strategy.
     """
     if kernels == "none":
         return model
-    if device.type != "cuda":
-        raise UserError(
-            f"model.kernels: {kernels} runs Triton kernels on CUDA GPUs; this run is on {device.type}"
-        )
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except ImportError:
-        raise UserError(
-            "model.kernels: liger needs the liger-kernel package (pip install liger-kernel)"
-        ) from None
+    check_kernels(kernels, device.type)
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    if kernels == "liger-loss":
+        return model  # the loss wrapper does it all
     model_type = model.config.model_type
     patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if patch is None:

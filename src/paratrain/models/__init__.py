@@ -41,9 +41,11 @@ class ModelConfig:
     loss_chunk_tokens: int = 0
     """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
     whole [tokens, vocab] logits (lm/loss.py); 0 uses transformers' own loss."""
-    kernels: Literal["none", "liger"] = "none"
-    """Language model on CUDA: liger swaps in Liger-Kernel's Triton kernels (RMSNorm, RoPE, SwiGLU)
-    and its fused linear cross-entropy (unless loss_chunk_tokens is set). pip install liger-kernel."""
+    kernels: Literal["none", "liger", "liger-loss"] = "none"
+    """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
+    kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
+    cross-entropy (with train.compile, which fuses the rest itself). loss_chunk_tokens, when set,
+    replaces Liger's loss with paratrain's chunked one."""
 
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:

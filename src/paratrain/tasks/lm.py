@@ -59,7 +59,7 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
     )
     model = apply_kernels(model, m.kernels, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
-    if m.loss_chunk_tokens or m.kernels == "liger":
+    if m.loss_chunk_tokens or m.kernels != "none":
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
 
@@ -171,7 +171,10 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
         evaluate=evaluate,
         flops_per_token=flops_per_token(model, seq_len, cfg.lora.enabled),
         finish=finish if cfg.lora.enabled else None,
-        blocks=decoder_layers(model),
+        blocks=decoder_layers(model)
+        + (
+            [model.chunk_loss] if isinstance(model, ChunkedLossLM) and model.fused == "none" else []
+        ),
         info={
             "data_real": d.source != "synthetic-text",
             "random_init": m.init == "random",
