@@ -6,6 +6,7 @@ Every rank runs this function; rank 0 alone prints, shows the bar and writes fil
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -45,9 +46,27 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env = pdist.init_distributed(cfg.device, spec.multiprocess)
     try:
-        return _train(cfg, spec, env)
+        with sdpa_priority(cfg.train.sdpa_backend):
+            return _train(cfg, spec, env)
     finally:
         pdist.shutdown()
+
+
+def sdpa_priority(name: str) -> contextlib.AbstractContextManager:
+    """scaled_dot_product_attention tries kernel `name` first and the others after it, so a shape
+    the chosen kernel cannot take still runs (on another kernel) instead of failing."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    first = kernels[name]
+    return sdpa_kernel([first] + [k for k in kernels.values() if k != first], set_priority=True)
 
 
 def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class TrainConfig:
         "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
     ] = "default"
     """torch.compile mode; reduce-overhead and max-autotune replay CUDA graphs (fewer launches)."""
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    """Attention kernel scaled_dot_product_attention tries first (language models, sdpa); the
+    others stay behind it as fallbacks. auto keeps PyTorch's order; cudnn is cuDNN's fused
+    attention (Hopper)."""
     cudnn_benchmark: bool = False
     """Let cuDNN time its algorithms once per input shape and keep the fastest."""
     deterministic: bool = False

@@ -67,6 +67,14 @@ def test_regional_compile_with_chunked_loss_on_gpus(tmp_path, strategy):
     assert (out / "adapter" / "adapter_config.json").is_file()
 
 
+def test_cudnn_attention_first_runs(tmp_path):
+    data = write_alpaca(tmp_path / "alpaca.json", n=48)
+    settings = gpu_settings(data) + ["train.max_steps=4", "train.sdpa_backend=cudnn"]
+    out = tmp_path / "run"
+    run_cli(["run", *[a for s in settings for a in ("--set", s)], "--output-dir", out])
+    assert read_result(out)["summary"]["optimizer_steps"] == 4
+
+
 def test_liger_loss_and_gradients_equal_transformers():
     """model.kernels=liger (Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) gives
     transformers' loss and adapter gradients, within bf16 rounding. Last in the file: Liger

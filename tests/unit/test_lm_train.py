@@ -200,3 +200,32 @@ def test_liger_kernels_off_cuda_is_a_one_line_error(tmp_path):
     cfg = load_config(None, lm_settings(data) + ["model.kernels=liger", f"output_dir={tmp_path}"])
     with pytest.raises(UserError, match="model.kernels: liger runs Triton kernels on CUDA"):
         train(cfg)  # checked again in the worker: a run under an outside torchrun skips preflight
+
+
+def test_sdpa_backend_sets_the_kernel_priority_for_the_run(tmp_path, monkeypatch):
+    from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
+
+    from paratrain.train import sdpa_priority
+
+    before = _cur_sdpa_kernel_backends(with_priority=True)
+    with sdpa_priority("cudnn"):
+        order = _cur_sdpa_kernel_backends(with_priority=True)
+        assert order[0] == SDPBackend.CUDNN_ATTENTION and SDPBackend.MATH in order  # fallbacks
+    assert _cur_sdpa_kernel_backends(with_priority=True) == before
+
+    seen = []
+    loss = lm_task.build
+
+    def spy(*args, **kwargs):
+        seen.append(_cur_sdpa_kernel_backends(with_priority=True)[0])
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(lm_task, "build", spy)
+    data = write_alpaca(tmp_path / "alpaca.json")
+    cfg = load_config(
+        None,
+        lm_settings(data)
+        + ["train.max_steps=2", "train.sdpa_backend=efficient", f"output_dir={tmp_path}"],
+    )
+    assert train(cfg)["summary"]["optimizer_steps"] == 2  # the CPU falls back to its own kernel
+    assert seen == [SDPBackend.EFFICIENT_ATTENTION]
