@@ -3,9 +3,10 @@
 # named in SWEEPS (default lora_speed) into one results DB, within BUDGET seconds, so the call
 # ends inside the device tool's 10-minute limit. The DB lives in /tmp (kept while the machine is
 # warm) and is seeded from .devdb/results.db when the machine is fresh: a second call picks up
-# where the first stopped (completed runs are skipped). GPU_TESTS=1 first runs tests/gpu.
+# where the first stopped (completed runs are skipped). GPU_TESTS="<pytest -k expression>" first
+# runs the matching tests of tests/gpu (GPU_TESTS=all: every one).
 #   device run (kind nvidia-h200-x2, carry .whl .commit .devdb):
-#     SWEEPS="lora_speed" GPU_TESTS=1 bash benchmarks/device/issue4_lora_speed.sh
+#     SWEEPS="lora_speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/issue4_lora_speed.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,7 +16,8 @@ export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null 
 DB=/tmp/results.db
 [ -f $DB ] || cp .devdb/results.db $DB 2>/dev/null || true
 if [ -n "${GPU_TESTS:-}" ]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_gpu_lm.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
+  select=(); [ "$GPU_TESTS" = all ] || select=(-k "$GPU_TESTS")
+  timeout 300 python3 -m pytest -q -m gpu tests/gpu "${select[@]}" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
 fi
 for sweep in ${SWEEPS:-lora_speed}; do
   left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $sweep"; break; }
