@@ -71,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rerun", action="store_true", help="run again what already succeeded")
     bench.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key in every run (repeatable)",
+    )
+    bench.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="replace or add an axis of the sweep's grid, e.g. launch.nproc=1,2,4 (repeatable)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser(
@@ -156,7 +170,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from paratrain.bench.store import Store
     from paratrain.bench.sweep import load_sweep
 
-    sweep = load_sweep(args.sweep)  # every run's config is validated before anything runs
+    # every run's config is validated before anything runs
+    sweep = load_sweep(args.sweep, sets=args.set, axes=args.grid)
     if args.dry_run:
         for run in sweep.runs:
             print(f"{run.key} {run.label} [{run.program}] {run.params} #{run.repeat}")

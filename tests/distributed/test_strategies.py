@@ -166,3 +166,23 @@ def test_fsdp_equals_single_with_world_times_batch(tmp_path, tiny_overrides, sin
     )
     assert max_abs_diff(final_weights(out), single_runs[32]) < TOL  # sharded, yet the same update
     assert read_result(out)["strategy"] == "fsdp"
+
+
+@pytest.mark.parametrize("strategy", ["ddp-ds", "fsdp"])
+def test_four_ranks_equal_single_with_world_times_batch(
+    tmp_path, tiny_overrides, single_runs, strategy
+):
+    """Seed scale (4 processes, issue 5) on the CPU: 4 x 8 samples per step is one process's 32."""
+    out = train_run(
+        tmp_path,
+        f"{strategy}4",
+        tiny_overrides,
+        "--set",
+        f"strategy={strategy}",
+        "--set",
+        "data.batch_size=8",
+        "--nproc",
+        "4",
+    )
+    assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
+    assert read_result(out)["world_size"] == 4

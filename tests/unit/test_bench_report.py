@@ -227,3 +227,28 @@ def test_every_sweep_in_the_repo_loads():
     for path in sweeps:
         sweep = load_sweep(path)
         assert sweep.runs and len({r.key for r in sweep.runs}) == len(sweep.runs), path
+
+
+def test_grid_and_set_from_the_command_line_reshape_a_sweep():
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep, parse_axis
+    from paratrain.errors import ConfigError
+
+    base = load_sweep(RECIPES / "bench" / "speed.yaml")
+    wide = load_sweep(
+        RECIPES / "bench" / "speed.yaml",
+        sets=["train.max_steps=7"],
+        axes=["launch.nproc=1,2,4"],
+    )
+    nprocs = lambda s, label: sorted(r.params["launch.nproc"] for r in s.runs if r.label == label)  # noqa: E731
+    assert nprocs(wide, "plain PyTorch (seed style)") == [1, 2, 4]
+    assert nprocs(wide, "speed of light") == [1]  # a variant's own grid stays
+    assert all(r.config.train.max_steps == 7 for r in wide.runs)
+    # the 1- and 2-GPU runs keep their keys only when nothing else changed
+    same = load_sweep(RECIPES / "bench" / "speed.yaml", axes=["launch.nproc=1,2,4"])
+    assert {r.key for r in base.runs} < {r.key for r in same.runs}
+    assert parse_axis("precision=fp16, bf16") == ("precision", ["fp16", "bf16"])
+    for bad in ("launch.nproc", "=1,2", "launch.nproc="):
+        with pytest.raises(ConfigError, match="--grid"):
+            parse_axis(bad)

@@ -101,10 +101,33 @@ def _grid_points(grid: dict[str, Any] | None, where: str) -> list[dict[str, Any]
     return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def parse_axis(text: str) -> tuple[str, list[Any]]:
+    """'launch.nproc=1,2,4' -> ('launch.nproc', [1, 2, 4]); values read as YAML scalars."""
+    import yaml
+
+    key, sep, values = text.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ConfigError(f"--grid: expected key=value1,value2,..., got {text!r}")
+    try:
+        return key.strip(), [yaml.safe_load(v.strip()) for v in values.split(",")]
+    except yaml.YAMLError:
+        raise ConfigError(f"--grid: cannot read the values of {text!r}") from None
+
+
+def load_sweep(
+    path: str | Path, sets: list[str] | None = None, axes: list[str] | None = None
+) -> Sweep:
+    """`sets` ('key=value') join the sweep's common `set:`; `axes` ('key=v1,v2') replace or add
+    axes of its top-level grid (a variant's own grid, like the single-GPU speed of light, stays):
+    the same sweep file then serves a machine with more GPUs."""
     path = Path(path)
     spec = read_yaml(path)
-    unknown = set(spec) - _KEYS
+    for text in axes or []:
+        key, values = parse_axis(text)
+        spec["grid"] = {**(spec.get("grid") or {}), key: values}
+    if sets:
+        spec["cli_set"] = list(sets)
+    unknown = set(spec) - _KEYS - {"cli_set"}
     if unknown:
         raise ConfigError(
             f"sweep: unknown key {sorted(unknown)[0]}; accepted: {', '.join(sorted(_KEYS))}"
@@ -121,7 +144,7 @@ def load_sweep(path: str | Path) -> Sweep:
     timeout_s = spec.get("timeout_s", 1800)
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
         raise ConfigError(f"sweep.timeout_s: must be a number > 0, got {timeout_s!r}")
-    common = _as_overrides(spec.get("set"), "sweep.set")
+    common = _as_overrides(spec.get("set"), "sweep.set") + list(sets or [])
     variants = spec.get("variants") or [{}]
     if not isinstance(variants, list):
         raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")

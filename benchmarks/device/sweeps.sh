@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 4's target on the lent 2xH200 machine (and issue 3's untried levers): runs the sweeps
-# named in SWEEPS (default lora_speed) into one results DB, within BUDGET seconds, so the call
-# ends inside the device tool's 10-minute limit. The DB lives in /tmp (kept while the machine is
+# Sweeps on a lent GPU machine: runs the sweeps named in SWEEPS (default lora_speed) into one
+# results DB, within BUDGET seconds, so the call ends inside the device tool's 10-minute limit.
+# An entry may carry grid axes after colons: seed_dp_modes:launch.nproc=1,2,4 runs that sweep
+# with `--grid launch.nproc=1,2,4` (a machine with more GPUs than the sweep file names). The DB lives in /tmp (kept while the machine is
 # warm) and is seeded from .devdb/results.db when the machine is fresh: a second call picks up
 # where the first stopped (completed runs are skipped). GPU_TESTS="<pytest -k expression>" first
 # runs the matching tests of tests/gpu (GPU_TESTS=all: every one).
 #   device run (kind nvidia-h200-x2, carry .whl .commit .devdb):
-#     SWEEPS="lora_speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/issue4_lora_speed.sh
+#     SWEEPS="lora_speed speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/sweeps.sh
+#     SWEEPS="seed_dp_modes:launch.nproc=1,2,4 seed_precision:launch.nproc=4" bash benchmarks/device/sweeps.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,9 +21,11 @@ if [ -n "${GPU_TESTS:-}" ]; then
   select=(); [ "$GPU_TESTS" = all ] || select=(-k "$GPU_TESTS")
   timeout 300 python3 -m pytest -q -m gpu tests/gpu "${select[@]}" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
 fi
-for sweep in ${SWEEPS:-lora_speed}; do
+for entry in ${SWEEPS:-lora_speed}; do
+  IFS=: read -r sweep axes <<<"$entry"; grid=()
+  for axis in ${axes//:/ }; do grid+=(--grid "$axis"); done
   left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $sweep"; break; }
-  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml --db $DB --runs-dir /tmp/runs --no-progress
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml "${grid[@]}" --db $DB --runs-dir /tmp/runs --no-progress
 done 2>&1 | tee -a "$OUT/bench.log"
 # A consistent copy of the WAL-mode DB, then the lines worth reading from every run's log.
 python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"
