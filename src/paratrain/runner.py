@@ -15,7 +15,7 @@ from paratrain.data.loader import TEXT_FORMATS
 from paratrain.data.sources import find_mnist_files
 from paratrain.errors import UserError
 from paratrain.lm.data import check_path
-from paratrain.lm.model import check_kernels
+from paratrain.lm.model import check_fp8, check_kernels
 from paratrain.models import resolve_builder
 from paratrain.parallel import STRATEGIES
 from paratrain.tasks import task_of
@@ -51,6 +51,7 @@ def preflight(cfg: RunConfig, nproc: int) -> None:
         )
     if task_of(cfg.data.source) == "lm":
         check_kernels(cfg.model.kernels, "cuda" if cuda else "cpu")
+        check_fp8(cfg.model.fp8, "cuda" if cuda else "cpu")
     if cfg.data.source in TEXT_FORMATS:
         check_path(cfg.data.path)
         if cfg.model.path is not None and not Path(cfg.model.path).is_dir():

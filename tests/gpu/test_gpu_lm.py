@@ -75,6 +75,22 @@ def test_cudnn_attention_first_runs(tmp_path):
     assert read_result(out)["summary"]["optimizer_steps"] == 4
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_base_layers_with_compile_on_cuda(tmp_path, recipe):
+    pytest.importorskip("torchao")
+    data = write_alpaca(tmp_path / "alpaca.json", n=48)
+    settings = gpu_settings(data) + [
+        "train.max_steps=6",
+        "train.compile=true",
+        f"model.fp8={recipe}",
+        "model.loss_chunk_tokens=128",
+    ]
+    out = tmp_path / "run"
+    run_cli(["run", *[a for s in settings for a in ("--set", s)], "--output-dir", out])
+    r = read_result(out)
+    assert r["summary"]["optimizer_steps"] == 6 and r["workload"]["fp8"] == recipe
+
+
 def test_liger_loss_and_gradients_equal_transformers():
     """model.kernels=liger (Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) gives
     transformers' loss and adapter gradients, within bf16 rounding. Last in the file: Liger

@@ -229,3 +229,56 @@ def test_sdpa_backend_sets_the_kernel_priority_for_the_run(tmp_path, monkeypatch
     )
     assert train(cfg)["summary"]["optimizer_steps"] == 2  # the CPU falls back to its own kernel
     assert seen == [SDPBackend.EFFICIENT_ATTENTION]
+
+
+def test_fp8_base_layers_train_the_adapters_like_full_precision(tmp_path, monkeypatch):
+    """model.fp8: the frozen decoder linears become torchao Float8Linear (lm_head does not),
+    peft's adapters wrap them, only the adapters change, and the loss follows the fp32 run."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    seen = {}
+    build = lm_task.build
+
+    def spy(*args, **kwargs):
+        work = build(*args, **kwargs)
+        seen["model"] = work.model
+        seen["before"] = {n: p.detach().clone() for n, p in work.model.named_parameters()}
+        return work
+
+    monkeypatch.setattr(lm_task, "build", spy)
+    data = write_alpaca(tmp_path / "alpaca.json")
+    common = lm_settings(data) + ["train.max_steps=4", "train.eval=false"]
+    plain = train(load_config(None, common + [f"output_dir={tmp_path / 'plain'}"]))
+    fp8 = train(load_config(None, common + ["model.fp8=rowwise", f"output_dir={tmp_path / 'fp8'}"]))
+    model = seen["model"]
+    f8 = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert any(n.endswith("q_proj.base_layer") for n in f8) and any("mlp" in n for n in f8)
+    assert not any("lm_head" in n for n in f8)
+    after = dict(model.named_parameters())
+    changed = {n for n, b in seen["before"].items() if not torch.equal(b, after[n])}
+    assert changed and all("lora_" in n for n in changed)
+    a, b = plain["summary"]["train_loss"], fp8["summary"]["train_loss"]
+    assert abs(a - b) < 0.05 * a and a != b, (a, b)  # float8 rounding, not another model
+    assert fp8["workload"]["fp8"] == "rowwise"
+
+
+def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):
+    import sys
+
+    import pytest
+
+    from paratrain.errors import UserError
+    from paratrain.lm.model import check_fp8, check_kernels
+
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    with pytest.raises(UserError, match=r"model.fp8: rowwise needs the torchao package"):
+        check_fp8("rowwise", "cpu")
+    with pytest.raises(UserError, match=r"model.kernels: liger needs the liger-kernel package"):
+        check_kernels("liger", "cuda")
+    check_fp8("none", "cpu")
+    check_kernels("none", "cpu")

@@ -189,6 +189,47 @@ def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Mo
     return model
 
 
+def check_fp8(recipe: str, device: torch.device | str) -> None:
+    """model.fp8 needs torchao and float8 matmuls (compute capability 8.9+, or the CPU)."""
+    if recipe == "none":
+        return
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"model.fp8: {recipe} needs the torchao package (pip install torchao)"
+        ) from None
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise UserError(
+            f"model.fp8: float8 matmuls need compute capability 8.9+ (H100, H200); {name} has less"
+        )
+
+
+def apply_fp8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
+    """Swap the decoder's nn.Linear layers for torchao's Float8Linear (before LoRA wraps them:
+    peft then adds its adapters around the float8 base layers). lm_head stays in high precision,
+    as torchao and torchtitan advise for the output layer; so do layers whose sizes are not
+    multiples of 16, which float8 matmuls cannot take."""
+    if recipe == "none":
+        return model
+    check_fp8(recipe, device)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def eligible(module: nn.Module, name: str) -> bool:
+        return (
+            isinstance(module, nn.Linear)
+            and "lm_head" not in name
+            and module.in_features % 16 == 0
+            and module.out_features % 16 == 0
+        )
+
+    return convert_to_float8_training(
+        model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=eligible
+    )
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks (under a peft wrapper too): the unit of FSDP sharding."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -13,6 +13,7 @@ from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.lm.loss import ChunkedLossLM
 from paratrain.lm.model import (
+    apply_fp8,
     apply_kernels,
     apply_lora,
     build_causal_lm,
@@ -58,6 +59,7 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
         False  # the KV cache is for generation; training only wastes memory on it
     )
     model = apply_kernels(model, m.kernels, env.device)
+    model = apply_fp8(model, m.fp8, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
     if m.loss_chunk_tokens or m.kernels != "none":
         fused = "none" if m.loss_chunk_tokens else m.kernels
@@ -179,6 +181,7 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
             "data_real": d.source != "synthetic-text",
             "random_init": m.init == "random",
             "kernels": m.kernels,
+            "fp8": m.fp8,
             "pin_memory": pin,
             "train_rows": len(train_rows),
             "trainable_parameters": trainable,
