@@ -94,6 +94,15 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's object, in rank order."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -29,6 +29,7 @@ from paratrain.precision import build_policy, build_scaler
 from paratrain.tasks import image as image_task
 from paratrain.tasks import lm as lm_task
 from paratrain.tasks import task_of
+from paratrain.telemetry import GpuSampler
 
 if TYPE_CHECKING:
     from paratrain.config import RunConfig
@@ -141,6 +142,9 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     progress.update(state.step)
     metrics.reset_peak_memory(device)
     clock = TrainClock(device)
+    gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
+    if tc.warmup_steps == 0:
+        gpu.start()
     start_step, warm_mark = state.step, None
     tokens = torch.zeros(
         (), device=device, dtype=torch.int64
@@ -161,6 +165,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             if warm_mark is None and state.step - start_step == tc.warmup_steps:
                 warm_mark = (state.step, clock.elapsed())  # throughput counts from here
                 tokens_at_warm = tokens.clone()
+                gpu.start()
             set_lr(optimizer, lr_at(state.step, total_steps, tc))
             for micro in range(k):
                 batch = next(batches)
@@ -238,6 +243,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     # ================================================================ end of loop
 
     progress.close()
+    telemetry = pdist.all_gather_object(gpu.stop())
     if cfg.checkpoint.at_end and state.step > start_step:
         save_checkpoint(
             ckpt_dir,
@@ -273,6 +279,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         "loss_scale": scaler.get_scale() if scaler is not None else None,
+        "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
     }
     summary.setdefault("val_accuracy", None)
     if task == "lm":

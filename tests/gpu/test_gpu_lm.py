@@ -45,6 +45,8 @@ def test_bf16_lora_on_gpus(tmp_path, strategy):
     s = r["summary"]
     assert r["backend"] == "nccl" and s["optimizer_steps"] == 12 and s["tokens_per_s"] > 0
     assert s["peak_memory_kind"] == "cuda_max_allocated" and s["mfu"] is not None
+    telemetry = s["gpu_telemetry"]  # one summary per rank, from NVML
+    assert len(telemetry) == nproc and all(t["sm_clock_mhz_mean"] > 0 for t in telemetry)
     assert (out / "adapter" / "adapter_config.json").is_file()
 
 

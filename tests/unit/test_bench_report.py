@@ -194,7 +194,17 @@ def test_llm_table_tokens_scaling_and_seed_columns():
     tables, _ = build_report({"l": ("llm", {"reference": "peft"}, rows)})
     a2 = next(r for r in tables[0].rows if r[0] == "alpaca" and r[1] == "2")
     assert a2[3:8] == ["8,192", "19,600", "9,800", "98.0%", "1.31x"]
-    assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94"
+    assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94" and a2[11] == "n/a"  # no telemetry
+
+
+def test_clock_column_is_the_slowest_gpu():
+    r = row("a", nproc=2, label="x")
+    r.metrics = {
+        "measured_steps": 10,
+        "gpu_telemetry": [{"sm_clock_mhz_mean": 1980.0}, {"sm_clock_mhz_mean": 1755.0}],
+    }
+    tables, _ = build_report({"v": ("variants", {}, [r])})
+    assert tables[0].rows[0][-1] == "1,755" and "SM MHz" in tables[0].notes[0]
 
 
 def test_llm_plot_shows_tokens_per_gpu(tmp_path, monkeypatch):

@@ -223,6 +223,22 @@ def pin_memory_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, 
     return Table("pin_memory (seed table 4.1)", headers, rows), sp
 
 
+def slowest_clock(g: Group) -> str:
+    """Median over runs of the slowest rank's mean SM clock (result.json's gpu_telemetry)."""
+    clocks = [
+        min(t["sm_clock_mhz_mean"] for t in m["gpu_telemetry"] if t)
+        for m in g.metrics_list
+        if m.get("gpu_telemetry") and any(m["gpu_telemetry"])
+    ]
+    return _fmt(arith.stat(clocks).median) if clocks else "n/a"
+
+
+CLOCK_NOTE = (
+    "SM MHz: the slowest GPU's mean SM clock over the measured steps (NVML); GPUs that share a "
+    "power limit can clock lower when more of them run."
+)
+
+
 def variants_table(groups: list[Group], reference: str | None) -> Table:
     sol = {g.get("model.name"): g.thr.median for g in groups if g.program == "sol" and g.thr}
     headers = [
@@ -236,12 +252,13 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
         "% of speed of light",
         "step ms",
         "peak GiB/GPU",
+        "SM MHz",
     ]
     rows = []
     for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
         if g.thr is None:
             rows.append(
-                [g.label, g.program, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 6
+                [g.label, g.program, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 7
             )
             continue
         one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
@@ -262,9 +279,10 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
                 _fmt(per_gpu / light * 100 if light else None, ".0f", "%"),
                 g.step.fmt(1, 1000) if g.step else "n/a",
                 _gib(g.mem),
+                slowest_clock(g),
             ]
         )
-    return Table("Configurations and peers", headers, rows)
+    return Table("Configurations and peers", headers, rows, [CLOCK_NOTE])
 
 
 def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) -> Table:
@@ -287,11 +305,12 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
         "MFU",
         "peak GiB/GPU",
         "seed s/it (1 / 4 GPUs)",
+        "SM MHz",
     ]
     rows = []
     for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
         if g.thr is None:
-            rows.append([g.label, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 8)
+            rows.append([g.label, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 9)
             continue
         tps = metric(g, "tokens_per_s")
         one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
@@ -313,12 +332,14 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
                 _fmt(mfu * 100 if mfu else None, ".1f", "%"),
                 _gib(g.mem),
                 f"{s['it_1']} / {s['it_n']}" if s else "n/a",
+                slowest_clock(g),
             ]
         )
     notes = [
         "tokens count non-padding tokens; scaling efficiency and ratios use tokens/s. MFU: "
         "model FLOPs per token (6N full training, 4N + attention + 6 x adapters for LoRA; "
-        "src/paratrain/lm/model.py) x tokens/s per GPU / the GPU's dense bf16 peak."
+        "src/paratrain/lm/model.py) x tokens/s per GPU / the GPU's dense bf16 peak.",
+        CLOCK_NOTE,
     ]
     return Table("Language-model fine-tuning (seed table 5.2)", headers, rows, notes)
 

@@ -1,0 +1,80 @@
+"""GPU telemetry over the measured steps: SM clock, power, temperature and utilisation, read from
+NVML through torch.cuda (which maps CUDA_VISIBLE_DEVICES indices to NVML's).
+
+Why: throughput that does not scale is not always software. Two GPUs busy side by side can draw
+the host to its power limit and lower their clocks; a compute-dense step (compiled, fused) is hit
+harder than a slow one. Each rank samples its own GPU in a daemon thread; result.json keeps the
+per-rank summary, so a scaling loss can be told apart from a clock loss.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+
+import torch
+
+READINGS = {
+    "sm_clock_mhz": torch.cuda.clock_rate,
+    "power_w": lambda d: torch.cuda.power_draw(d) / 1000.0,
+    "temperature_c": torch.cuda.temperature,
+    "utilization_pct": torch.cuda.utilization,
+}
+
+
+def summarize(samples: list[dict[str, float]]) -> dict[str, float] | None:
+    """Mean of each reading, plus the lowest clock and the highest temperature."""
+    if not samples:
+        return None
+    out: dict[str, float] = {"samples": len(samples)}
+    for key in READINGS:
+        values = [s[key] for s in samples if key in s]
+        if values:
+            out[f"{key}_mean"] = round(statistics.fmean(values), 1)
+    clocks = [s["sm_clock_mhz"] for s in samples if "sm_clock_mhz" in s]
+    temps = [s["temperature_c"] for s in samples if "temperature_c" in s]
+    if clocks:
+        out["sm_clock_mhz_min"] = min(clocks)
+    if temps:
+        out["temperature_c_max"] = max(temps)
+    return out
+
+
+class GpuSampler:
+    """start() / stop() -> summary, or None off CUDA or without NVML (nvidia-ml-py)."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.5):
+        self.device, self.interval_s = device, interval_s
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.enabled = device.type == "cuda" and self._read() is not None
+
+    def _read(self) -> dict[str, float] | None:
+        try:
+            return {k: float(read(self.device)) for k, read in READINGS.items()}
+        except Exception:  # no NVML, or a reading this GPU or driver does not offer
+            return None
+
+    def _sample(self) -> None:
+        reading = self._read()
+        if reading is not None:
+            self.samples.append(reading)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> None:
+        if self.enabled and self._thread is None:
+            self._sample()  # a short run still gets a first and a last reading
+            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu-telemetry")
+            self._thread.start()
+
+    def stop(self) -> dict[str, float] | None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._sample()
+        return summarize(self.samples)

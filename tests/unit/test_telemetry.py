@@ -1,0 +1,53 @@
+"""GPU telemetry: the summary's arithmetic, and the sampler's thread on fake readings."""
+
+import time
+
+import torch
+
+from paratrain import telemetry
+
+
+def test_summary_means_lowest_clock_hottest_reading():
+    s = telemetry.summarize(
+        [
+            {"sm_clock_mhz": 1980, "power_w": 600, "temperature_c": 50, "utilization_pct": 100},
+            {"sm_clock_mhz": 1700, "power_w": 700, "temperature_c": 60, "utilization_pct": 90},
+        ]
+    )
+    assert s == {
+        "samples": 2,
+        "sm_clock_mhz_mean": 1840.0,
+        "power_w_mean": 650.0,
+        "temperature_c_mean": 55.0,
+        "utilization_pct_mean": 95.0,
+        "sm_clock_mhz_min": 1700,
+        "temperature_c_max": 60,
+    }
+    assert telemetry.summarize([]) is None
+
+
+def test_sampler_is_off_on_the_cpu():
+    sampler = telemetry.GpuSampler(torch.device("cpu"))
+    sampler.start()
+    assert not sampler.enabled and sampler.stop() is None
+
+
+def test_sampler_thread_collects_until_stopped(monkeypatch):
+    clock = iter(range(1000, 100_000))
+    fake = {
+        "sm_clock_mhz": lambda d: next(clock),
+        "power_w": lambda d: 500.0,
+        "temperature_c": lambda d: 40.0,
+        "utilization_pct": lambda d: 99.0,
+    }
+    monkeypatch.setattr(telemetry, "READINGS", fake)
+    sampler = telemetry.GpuSampler(torch.device("cuda"), interval_s=0.01)
+    assert sampler.enabled
+    sampler.start()
+    time.sleep(0.2)
+    s = sampler.stop()
+    n = len(sampler.samples)
+    time.sleep(0.05)
+    assert len(sampler.samples) == n  # stopped means stopped
+    assert s["samples"] == n >= 3 and s["power_w_mean"] == 500.0
+    assert s["sm_clock_mhz_min"] == sampler.samples[0]["sm_clock_mhz"]
