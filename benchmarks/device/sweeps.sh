@@ -5,7 +5,8 @@
 # with `--grid launch.nproc=1,2,4` (a machine with more GPUs than the sweep file names). The DB lives in /tmp (kept while the machine is
 # warm) and is seeded from .devdb/results.db when the machine is fresh: a second call picks up
 # where the first stopped (completed runs are skipped). GPU_TESTS="<pytest -k expression>" first
-# runs the matching tests of tests/gpu (GPU_TESTS=all: every one).
+# runs the matching tests of tests/gpu (GPU_TESTS=all: every one); PROFILE="<recipe> --set k=v ..."
+# then profiles one run (profile.txt and profile_result.json come back).
 #   device run (kind nvidia-h200-x2, carry .whl .commit .devdb):
 #     SWEEPS="lora_speed speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/sweeps.sh
 #     SWEEPS="seed_dp_modes:launch.nproc=1,2,4 seed_precision:launch.nproc=4" bash benchmarks/device/sweeps.sh
@@ -20,6 +21,10 @@ DB=/tmp/results.db
 if [ -n "${GPU_TESTS:-}" ]; then
   select=(); [ "$GPU_TESTS" = all ] || select=(-k "$GPU_TESTS")
   timeout 300 python3 -m pytest -q -m gpu tests/gpu "${select[@]}" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
+fi
+if [ -n "${PROFILE:-}" ]; then  # PROFILE="<recipe> --set ...": one run with 3 profiled steps
+  timeout 300 python3 -m paratrain run $PROFILE --set train.profile_steps=3 --output-dir /tmp/profile 2>&1 | tail -3
+  cp /tmp/profile/profile.txt "$OUT/profile.txt"; cp /tmp/profile/result.json "$OUT/profile_result.json"
 fi
 for entry in ${SWEEPS:-lora_speed}; do
   IFS=: read -r sweep axes <<<"$entry"; grid=()

@@ -26,6 +26,7 @@ from paratrain.parallel import STRATEGIES
 from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
 from paratrain.parallel.data_parallel import gradient_sync, unwrap
 from paratrain.precision import build_policy, build_scaler
+from paratrain.profiling import StepProfiler
 from paratrain.tasks import image as image_task
 from paratrain.tasks import lm as lm_task
 from paratrain.tasks import task_of
@@ -143,8 +144,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     metrics.reset_peak_memory(device)
     clock = TrainClock(device)
     gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
-    if tc.warmup_steps == 0:
-        gpu.start()
+    profiler = StepProfiler(device, tc.profile_steps, out_dir, env.is_main)
     start_step, warm_mark = state.step, None
     tokens = torch.zeros(
         (), device=device, dtype=torch.int64
@@ -162,7 +162,11 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         batches = iter(work.train)
         clock.resume()
         while state.step_in_epoch < steps_per_epoch and state.step < total_steps:
-            if warm_mark is None and state.step - start_step == tc.warmup_steps:
+            since_start = state.step - start_step
+            if since_start == tc.warmup_steps:
+                profiler.start()  # when asked for: the steps right after warm-up
+            if warm_mark is None and since_start == tc.warmup_steps + tc.profile_steps:
+                profiler.stop()
                 warm_mark = (state.step, clock.elapsed())  # throughput counts from here
                 tokens_at_warm = tokens.clone()
                 gpu.start()
@@ -243,6 +247,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     # ================================================================ end of loop
 
     progress.close()
+    profiler.stop()  # a run too short to reach its measured steps
     telemetry = pdist.all_gather_object(gpu.stop())
     if cfg.checkpoint.at_end and state.step > start_step:
         save_checkpoint(
@@ -280,6 +285,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         "peak_memory_kind": peak_kind,
         "loss_scale": scaler.get_scale() if scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
+        "profile": profiler.summary,  # rank 0's top operators per step, when profiled
     }
     summary.setdefault("val_accuracy", None)
     if task == "lm":

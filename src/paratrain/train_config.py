@@ -45,6 +45,9 @@ class TrainConfig:
     """Deterministic kernels only (torch.use_deterministic_algorithms); for exact reproducibility."""
     warmup_steps: int = 5
     """Steps left out of throughput and step-time measurements (start-up, allocator, cuDNN autotune)."""
+    profile_steps: int = 0
+    """Profile this many steps right after warm-up (torch.profiler): profile.txt in the output
+    folder, the top operators in result.json. Throughput is measured after them."""
     eval: bool = True
     """Measure held-out accuracy at the end of every epoch."""
 
@@ -59,6 +62,8 @@ class TrainConfig:
             raise ValueError(f"grad_accum_steps: must be >= 1, got {self.grad_accum_steps}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.profile_steps < 0:
+            raise ValueError(f"profile_steps: must be >= 0, got {self.profile_steps}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
 

@@ -129,3 +129,29 @@ def test_max_steps_runs_past_epochs(tmp_path):
     )
     result = train(cfg)  # 512 samples / 64 = 8 steps an epoch: 20 steps take 3 epochs
     assert result["summary"]["optimizer_steps"] == 20 and len(result["epochs"]) == 3
+
+
+def test_profiled_steps_come_after_warm_up_and_before_the_measurement(tmp_path):
+    out = tmp_path / "prof"
+    cfg = load_config(
+        None,
+        BASE
+        + [
+            f"output_dir={out}",
+            "train.max_steps=9",
+            "train.warmup_steps=2",
+            "train.profile_steps=3",
+            "train.eval=false",
+        ],
+    )
+    s = train(cfg)["summary"]
+    assert s["measured_steps"] == 4  # 9 - 2 warm-up - 3 profiled
+    table = (out / "profile.txt").read_text()
+    assert "over 3 steps after warm-up" in table and "aten::" in table
+    top = s["profile"]
+    assert top and all(t["ms_per_step"] >= 0 and 0 <= t["share"] <= 1 for t in top)
+    assert any("conv" in t["name"] or "addmm" in t["name"] for t in top)  # the model's work
+    plain = train(
+        load_config(None, BASE + [f"output_dir={tmp_path / 'plain'}", "train.max_steps=3"])
+    )
+    assert plain["summary"]["profile"] is None and not (tmp_path / "plain" / "profile.txt").exists()
