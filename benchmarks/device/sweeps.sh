@@ -6,7 +6,8 @@
 # warm) and is seeded from .devdb/results.db when the machine is fresh: a second call picks up
 # where the first stopped (completed runs are skipped). GPU_TESTS="<pytest -k expression>" first
 # runs the matching tests of tests/gpu (GPU_TESTS=all: every one); PROFILE="<recipe> --set k=v ..."
-# then profiles one run (profile.txt and profile_result.json come back).
+# then profiles one run (profile.txt and profile_result.json come back); COMM="<paratrain comm
+# flags>" runs the collectives benchmark (comm.json comes back).
 #   device run (kind nvidia-h200-x2, carry .whl .commit .devdb):
 #     SWEEPS="lora_speed speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/sweeps.sh
 #     SWEEPS="seed_dp_modes:launch.nproc=1,2,4 seed_precision:launch.nproc=4" bash benchmarks/device/sweeps.sh
@@ -25,6 +26,10 @@ fi
 if [ -n "${PROFILE:-}" ]; then  # PROFILE="<recipe> --set ...": one run with 3 profiled steps
   timeout 300 python3 -m paratrain run $PROFILE --set train.profile_steps=3 --output-dir /tmp/profile 2>&1 | tail -3
   cp /tmp/profile/profile.txt "$OUT/profile.txt"; cp /tmp/profile/result.json "$OUT/profile_result.json"
+fi
+if [ -n "${COMM:-}" ]; then  # COMM="--max-bytes 1G": the collectives benchmark on every GPU
+  timeout 200 python3 -m paratrain comm $COMM --out /tmp/comm 2>&1 | tail -25
+  cp /tmp/comm/result.json "$OUT/comm.json"
 fi
 for entry in ${SWEEPS:-lora_speed}; do
   IFS=: read -r sweep axes <<<"$entry"; grid=()

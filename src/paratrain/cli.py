@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from paratrain.errors import UserError
 
@@ -99,7 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--export-csv", metavar="FILE", help="also export every stored run as CSV")
     report.set_defaults(func=cmd_report)
+
+    comm = sub.add_parser(
+        "comm",
+        help="time NCCL / gloo collectives over message sizes (algorithm and bus bandwidth)",
+        description="Time all_reduce, all_gather, reduce_scatter, broadcast and all_to_all "
+        "over doubling message sizes, as nccl-tests reports them. Under an outside torchrun "
+        "(several nodes), it joins that job.",
+    )
+    comm.add_argument("--nproc", type=int, help="processes (default: one per GPU, or 2 on CPUs)")
+    comm.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    comm.add_argument("--ops", default=",".join(_comm_ops()), help="comma-separated collectives")
+    comm.add_argument("--min-bytes", default="1K", help="smallest message (e.g. 1K)")
+    comm.add_argument("--max-bytes", help="largest message (default 256M on GPUs, 4M on CPUs)")
+    comm.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16")
+    comm.add_argument("--iters", type=int, default=20, help="timed calls per size")
+    comm.add_argument("--warmup", type=int, default=5, help="untimed calls per size first")
+    comm.add_argument("--out", help="folder for config.json and result.json")
+    comm.set_defaults(func=cmd_comm)
     return parser
+
+
+def _comm_ops() -> tuple[str, ...]:
+    from paratrain.collectives import OPS
+
+    return OPS
 
 
 RUN_HELP = """\
@@ -240,6 +265,55 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"paratrain report: written to {args.out}")
     else:
         print(text)
+    return 0
+
+
+def cmd_comm(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from paratrain import collectives, launch
+
+    try:
+        cfg = collectives.CommConfig(
+            ops=[op.strip() for op in args.ops.split(",") if op.strip()],
+            min_bytes=collectives.parse_size(args.min_bytes),
+            max_bytes=collectives.parse_size(args.max_bytes) if args.max_bytes else None,
+            dtype=args.dtype,
+            iters=args.iters,
+            warmup=args.warmup,
+            device=args.device,
+            out_dir=args.out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}",
+        )
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if launch.launched_by_torchrun():
+        collectives.run(cfg)
+        return 0
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device: cuda was asked for but no GPU is visible")
+    nproc = args.nproc or launch.default_nproc(True)
+    if nproc < 2:
+        raise UserError(f"--nproc: a collective needs at least 2 processes, got {nproc}")
+    if cuda and nproc > torch.cuda.device_count():
+        raise UserError(
+            f"--nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
+            "use at most one per GPU, or --device cpu"
+        )
+    path = collectives.write_config(cfg)
+    argv = launch.torchrun_argv(launch.LaunchConfig(), nproc, path, module="paratrain.collectives")
+    print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
+    try:
+        launch.run_torchrun(argv)
+    except Exception as e:  # torchrun's ChildFailedError: the workers printed their own errors
+        print(
+            f"paratrain: comm failed ({type(e).__name__}); the workers' errors are above",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"paratrain: results in {Path(cfg.out_dir) / 'result.json'}")
     return 0
 
 

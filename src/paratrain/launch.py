@@ -93,7 +93,9 @@ def default_nproc(strategy_multiprocess: bool) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-def torchrun_argv(cfg: LaunchConfig, nproc: int, config_path: Path) -> list[str]:
+def torchrun_argv(
+    cfg: LaunchConfig, nproc: int, config_path: Path, module: str = "paratrain.worker"
+) -> list[str]:
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={cfg.max_restarts}"]
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         argv.append("--standalone")
@@ -104,7 +106,7 @@ def torchrun_argv(cfg: LaunchConfig, nproc: int, config_path: Path) -> list[str]
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
-    return argv + ["-m", "paratrain.worker", str(config_path)]
+    return argv + ["-m", module, str(config_path)]
 
 
 def run_torchrun(argv: list[str]) -> None:

@@ -164,3 +164,14 @@ def test_fp16_ddp_on_two_gpus(tmp_path):
     )
     s = read_result(out)["summary"]
     assert s["loss_scale"] > 0 and s["val_accuracy"] > 0.5
+
+
+@two_gpus
+def test_comm_on_nccl(tmp_path):
+    import json
+
+    out = tmp_path / "comm"
+    run_cli(["comm", "--nproc", "2", "--max-bytes", "1M", "--iters", "3", "--out", out])
+    result = json.loads((out / "result.json").read_text())
+    assert result["backend"] == "nccl" and len(result["rows"]) == 5 * 11
+    assert all(r["busbw_gbps"] > 0 for r in result["rows"])

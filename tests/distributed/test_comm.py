@@ -1,0 +1,44 @@
+"""`paratrain comm` on 2 CPU processes (gloo), through torchrun's agent."""
+
+import json
+
+import pytest
+from conftest import run_cli
+
+pytestmark = pytest.mark.dist
+
+
+def test_comm_times_every_collective_on_two_processes(tmp_path):
+    out = tmp_path / "comm"
+    args = ["comm", "--nproc", "2", "--device", "cpu", "--dtype", "fp32", "--max-bytes", "8K"]
+    proc = run_cli(args + ["--iters", "2", "--warmup", "1", "--out", out])
+    result = json.loads((out / "result.json").read_text())
+    assert result["backend"] == "gloo" and result["world_size"] == 2
+    rows = result["rows"]
+    assert {r["op"] for r in rows} == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "all_to_all",
+    }
+    assert sorted({r["bytes"] for r in rows}) == [1024, 2048, 4096, 8192]
+    assert all(r["time_us"] > 0 and r["busbw_gbps"] > 0 for r in rows)
+    ar = next(r for r in rows if r["op"] == "all_reduce")
+    assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"])  # 2(n-1)/n = 1 for n = 2
+    assert "busbw GB/s" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--ops", "all_sum"], "--ops: got ['all_sum']"),
+        (["--nproc", "1"], "--nproc: a collective needs at least 2 processes"),
+        (["--max-bytes", "lots"], "expected a size"),
+    ],
+)
+def test_comm_bad_input_is_one_line_exit_2(tmp_path, bad, message):
+    out = tmp_path / "comm"
+    proc = run_cli(["comm", "--device", "cpu", *bad, "--out", out], check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert not out.exists()
