@@ -283,3 +283,32 @@ def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):
         check_kernels("liger", "cuda")
     check_fp8("none", "cpu")
     check_kernels("none", "cpu")
+
+
+def test_compiled_fp8_layers_skip_the_frozen_weights_gradient():
+    """Why model.fp8 wants train.compile: torchao's backward computes a weight gradient even for a
+    frozen weight (3 float8 matmuls per layer); compiled, the unused one is dropped (2)."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torch.profiler import ProfilerActivity, profile
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def matmuls(compiled: bool) -> int:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(
+            torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 64, bias=False)
+        )
+        m.requires_grad_(False)
+        convert_to_float8_training(m, config=Float8LinearConfig.from_recipe_name("rowwise"))
+        if compiled:
+            for layer in m:
+                layer.compile()
+        x = torch.randn(32, 64, requires_grad=True)
+        for _ in range(2):  # compile, warm up
+            m(x).square().sum().backward()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            m(x).square().sum().backward()
+        return sum(e.count for e in prof.key_averages() if "scaled_mm" in e.key)
+
+    assert matmuls(compiled=False) == 6 and matmuls(compiled=True) == 4

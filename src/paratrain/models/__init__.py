@@ -49,8 +49,9 @@ class ModelConfig:
     fp8: Literal["none", "tensorwise", "rowwise"] = "none"
     """Language model: the frozen base's linear layers (not lm_head) multiply in float8 through
     torchao's Float8Linear, scaled per tensor or per row; adapters and the rest keep the autocast
-    dtype. Pair with train.compile (eager float8 is slow). pip install torchao; needs a GPU of
-    compute capability 8.9+ (H100, H200) or the CPU."""
+    dtype. Pair with train.compile: eagerly, torchao's backward also computes the frozen weights'
+    gradients (3 matmuls per layer instead of 2); compiled, they are dropped (tested). pip install
+    torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU."""
 
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:
