@@ -29,7 +29,7 @@ if [ -n "${PROFILE:-}" ]; then  # PROFILE="<recipe> --set ...": one run with 3 p
 fi
 if [ -n "${COMM:-}" ]; then  # COMM="--max-bytes 1G": the collectives benchmark on every GPU
   timeout 200 python3 -m paratrain comm $COMM --out /tmp/comm 2>&1 | tail -25
-  cp /tmp/comm/result.json "$OUT/comm.json"
+  cp /tmp/comm/result.json "$OUT/comm.json"; cp /tmp/comm/busbw.png "$OUT/comm_busbw.png"
 fi
 for entry in ${SWEEPS:-lora_speed}; do
   IFS=: read -r sweep axes <<<"$entry"; grid=()

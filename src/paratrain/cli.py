@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16")
     comm.add_argument("--iters", type=int, default=20, help="timed calls per size")
     comm.add_argument("--warmup", type=int, default=5, help="untimed calls per size first")
-    comm.add_argument("--out", help="folder for config.json and result.json")
+    comm.add_argument("--out", help="folder for config.json, result.json and busbw.png")
     comm.set_defaults(func=cmd_comm)
     return parser
 

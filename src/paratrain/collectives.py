@@ -73,7 +73,7 @@ class CommConfig:
     device: str = "auto"
     """auto (GPUs when there are), cuda or cpu."""
     out_dir: str = "runs/comm"
-    """Where config.json and result.json go."""
+    """Where config.json, result.json and busbw.png (bus bandwidth against size) go."""
 
     def __post_init__(self) -> None:
         unknown = [op for op in self.ops if op not in OPS]
@@ -189,7 +189,10 @@ def run(cfg: CommConfig) -> dict:
             "commit": metrics.git_commit(),
         }
         if env.is_main:
+            from paratrain.bench.plots import comm_plot
+
             metrics.write_json(Path(cfg.out_dir) / "result.json", result)
+            comm_plot(result, Path(cfg.out_dir) / "busbw.png")
             print_table(result)
         return result
     finally:

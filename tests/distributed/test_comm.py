@@ -27,6 +27,7 @@ def test_comm_times_every_collective_on_two_processes(tmp_path):
     ar = next(r for r in rows if r["op"] == "all_reduce")
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"])  # 2(n-1)/n = 1 for n = 2
     assert "busbw GB/s" in proc.stdout
+    assert (out / "busbw.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(

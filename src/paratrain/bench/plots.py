@@ -84,6 +84,24 @@ def bars_plot(
     return path
 
 
+def comm_plot(result: dict, path: Path) -> Path:
+    """Bus bandwidth against message size, one line per collective (`paratrain comm`)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for op in dict.fromkeys(r["op"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["op"] == op]
+        ax.plot([r["bytes"] for r in rows], [r["busbw_gbps"] for r in rows], "o-", label=op, ms=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size, bytes")
+    ax.set_ylabel("bus bandwidth, GB/s")
+    ax.set_title(f"{result['backend']}, {result['world_size']} ranks, {result['dtype']}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = []
