@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from paratrain.errors import UserError
+from paratrain.errors import UserError, exit_code
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -237,12 +237,7 @@ def write_config(cfg: CommConfig) -> Path:
 
 def main(argv: list[str]) -> int:
     (config_path,) = argv
-    try:
-        run(CommConfig(**json.loads(Path(config_path).read_text())))
-    except UserError as e:
-        print(f"paratrain: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(lambda: run(CommConfig(**json.loads(Path(config_path).read_text()))))
 
 
 if __name__ == "__main__":

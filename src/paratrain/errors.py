@@ -5,9 +5,24 @@ config value, missing data files, a model path that does not import. Bugs stay e
 tracebacks.
 """
 
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
 
 class UserError(ValueError):
     pass
+
+
+def exit_code(fn: Callable[[], object]) -> int:
+    """Run fn; a UserError becomes its one line on stderr and exit code 2 (torchrun workers)."""
+    try:
+        fn()
+    except UserError as e:
+        print(f"paratrain: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 class ConfigError(UserError):

@@ -9,18 +9,13 @@ from __future__ import annotations
 import sys
 
 from paratrain.config import load_config
-from paratrain.errors import UserError
+from paratrain.errors import exit_code
 from paratrain.train import train
 
 
 def main(argv: list[str]) -> int:
     (config_path,) = argv
-    try:
-        train(load_config(config_path))
-    except UserError as e:
-        print(f"paratrain: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(lambda: train(load_config(config_path)))
 
 
 if __name__ == "__main__":

@@ -8,17 +8,23 @@ from paratrain.config import load_config
 from paratrain.train import train
 
 
-def test_lora_trains_only_adapters_and_loss_falls(tmp_path, monkeypatch):
+def capture_workload(monkeypatch) -> dict:
+    """Wrap tasks.lm.build: the dict gets the workload, its model and the weights before training."""
     seen = {}
     build = lm_task.build
 
     def spy(*args, **kwargs):
         work = build(*args, **kwargs)
-        seen["model"] = work.model
+        seen["work"], seen["model"] = work, work.model
         seen["before"] = {n: p.detach().clone() for n, p in work.model.named_parameters()}
         return work
 
     monkeypatch.setattr(lm_task, "build", spy)
+    return seen
+
+
+def test_lora_trains_only_adapters_and_loss_falls(tmp_path, monkeypatch):
+    seen = capture_workload(monkeypatch)
     data = write_alpaca(tmp_path / "alpaca.json")
     cfg = load_config(
         None, lm_settings(data) + ["train.epochs=5", f"output_dir={tmp_path / 'run'}"]
@@ -163,15 +169,7 @@ def test_chunked_loss_trains_and_saves_the_adapter(tmp_path):
 def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
     """train.compile on a language model compiles each decoder layer and the chunked loss in
     place (names and checkpoints unchanged) and follows the eager run's losses."""
-    seen = {}
-    build = lm_task.build
-
-    def spy(*args, **kwargs):
-        work = build(*args, **kwargs)
-        seen["blocks"] = work.blocks
-        return work
-
-    monkeypatch.setattr(lm_task, "build", spy)
+    seen = capture_workload(monkeypatch)
     data = write_alpaca(tmp_path / "alpaca.json")
     common = lm_settings(data) + [
         "train.max_steps=3",
@@ -182,8 +180,9 @@ def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
     compiled = train(
         load_config(None, common + ["train.compile=true", f"output_dir={tmp_path / 'compiled'}"])
     )
-    assert len(seen["blocks"]) == 3  # the tiny shape's two decoder layers, the chunk loss
-    assert all(b._compiled_call_impl is not None for b in seen["blocks"])
+    blocks = seen["work"].blocks
+    assert len(blocks) == 3  # the tiny shape's two decoder layers, the chunk loss
+    assert all(b._compiled_call_impl is not None for b in blocks)
     a, b = eager["summary"]["train_loss"], compiled["summary"]["train_loss"]
     assert abs(a - b) < 1e-3 * abs(a), (a, b)
     ckpt = torch.load(
@@ -240,16 +239,7 @@ def test_fp8_base_layers_train_the_adapters_like_full_precision(tmp_path, monkey
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
-    seen = {}
-    build = lm_task.build
-
-    def spy(*args, **kwargs):
-        work = build(*args, **kwargs)
-        seen["model"] = work.model
-        seen["before"] = {n: p.detach().clone() for n, p in work.model.named_parameters()}
-        return work
-
-    monkeypatch.setattr(lm_task, "build", spy)
+    seen = capture_workload(monkeypatch)
     data = write_alpaca(tmp_path / "alpaca.json")
     common = lm_settings(data) + ["train.max_steps=4", "train.eval=false"]
     plain = train(load_config(None, common + [f"output_dir={tmp_path / 'plain'}"]))

@@ -16,6 +16,15 @@ def _name(g: Group, key: str) -> str:
     return g.label if key == "label" else str(g.get(key))
 
 
+def _save_lines(fig, ax, path: Path) -> Path:
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def speedup_plot(groups: list[Group], path: Path, key: str = "strategy") -> Path | None:
     """Speedup vs processes per strategy, with the ideal line."""
     series: dict[str, dict[int, float]] = {}
@@ -34,12 +43,7 @@ def speedup_plot(groups: list[Group], path: Path, key: str = "strategy") -> Path
     ax.set_xlabel("processes (GPUs)")
     ax.set_ylabel("speedup, unique samples/s")
     ax.set_xticks(range(1, n_max + 1))
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_lines(fig, ax, path)
 
 
 def _samples(g: Group) -> tuple[float, float, float]:
@@ -94,12 +98,7 @@ def comm_plot(result: dict, path: Path) -> Path:
     ax.set_xlabel("message size, bytes")
     ax.set_ylabel("bus bandwidth, GB/s")
     ax.set_title(f"{result['backend']}, {result['world_size']} ranks, {result['dtype']}")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_lines(fig, ax, path)
 
 
 def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[Path]:
