@@ -223,6 +223,11 @@ def pin_memory_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, 
     return Table("pin_memory (seed table 4.1)", headers, rows), sp
 
 
+def unmeasured_row(lead: list[str], g: Group, width: int) -> list[str]:
+    """A row for a configuration with no successful run: 'failed' (or n/a), padded to the table."""
+    return lead + ["failed" if g.failed else "n/a"] + ["n/a"] * (width - len(lead) - 1)
+
+
 def slowest_clock(g: Group) -> str:
     """Median over runs of the slowest rank's mean SM clock (result.json's gpu_telemetry)."""
     clocks = [
@@ -257,9 +262,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
     rows = []
     for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
         if g.thr is None:
-            rows.append(
-                [g.label, g.program, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 7
-            )
+            rows.append(unmeasured_row([g.label, g.program, str(g.nproc)], g, len(headers)))
             continue
         one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
         eff = (
@@ -310,7 +313,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
     rows = []
     for g in sorted(groups, key=lambda g: (g.label, g.nproc)):
         if g.thr is None:
-            rows.append([g.label, str(g.nproc), "failed" if g.failed else "n/a"] + ["n/a"] * 9)
+            rows.append(unmeasured_row([g.label, str(g.nproc)], g, len(headers)))
             continue
         tps = metric(g, "tokens_per_s")
         one, ref = measured(groups, g.label, 1), measured(groups, reference, g.nproc)
