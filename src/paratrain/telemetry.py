@@ -22,6 +22,22 @@ READINGS = {
 }
 
 
+def limits(device: torch.device) -> dict[str, float]:
+    """The GPU's enforced power limit and top SM clock: what the means are measured against (a
+    GPU drawing its limit at a clock below the top is power-bound). Empty where NVML lacks them."""
+    try:
+        pynvml = torch.cuda.pynvml
+        handle = torch.cuda._get_pynvml_handler(device)  # maps CUDA_VISIBLE_DEVICES to NVML's index
+        return {
+            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+            "sm_clock_mhz_max": float(
+                pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            ),
+        }
+    except Exception:  # no NVML, another torch's private helper, or a GPU without these
+        return {}
+
+
 def summarize(samples: list[dict[str, float]]) -> dict[str, float] | None:
     """Mean of each reading, plus the lowest clock and the highest temperature."""
     if not samples:
@@ -77,4 +93,5 @@ class GpuSampler:
             self._thread.join()
             self._thread = None
             self._sample()
-        return summarize(self.samples)
+        summary = summarize(self.samples)
+        return {**summary, **limits(self.device)} if summary else summary

@@ -41,6 +41,7 @@ def test_sampler_thread_collects_until_stopped(monkeypatch):
         "utilization_pct": lambda d: 99.0,
     }
     monkeypatch.setattr(telemetry, "READINGS", fake)
+    monkeypatch.setattr(telemetry, "limits", lambda d: {"power_limit_w": 700.0})
     sampler = telemetry.GpuSampler(torch.device("cuda"), interval_s=0.01)
     assert sampler.enabled
     sampler.start()
@@ -51,3 +52,8 @@ def test_sampler_thread_collects_until_stopped(monkeypatch):
     assert len(sampler.samples) == n  # stopped means stopped
     assert s["samples"] == n >= 3 and s["power_w_mean"] == 500.0
     assert s["sm_clock_mhz_min"] == sampler.samples[0]["sm_clock_mhz"]
+    assert s["power_limit_w"] == 700.0
+
+
+def test_limits_are_empty_without_nvml():
+    assert telemetry.limits(torch.device("cpu")) == {}

@@ -244,8 +244,27 @@ CLOCK_NOTE = (
 )
 
 
+SOL_NOTE = (
+    "% of speed of light: per GPU, against the speed-of-light row of the same model and "
+    "precision, or the fastest speed-of-light row of the model when none has that precision."
+)
+
+
+def speed_of_light(groups: list[Group]) -> dict[Any, float]:
+    """Speed-of-light throughput per (model, precision), and per model the fastest of them: a
+    fp16 configuration is measured against the fp16 ceiling, not the bf16 one."""
+    sol: dict[Any, float] = {}
+    for g in groups:
+        if g.program != "sol" or not g.thr:
+            continue
+        model, thr = g.get("model.name"), g.thr.median / g.nproc
+        sol[(model, g.get("precision"))] = thr
+        sol[model] = max(thr, sol.get(model, 0.0))
+    return sol
+
+
 def variants_table(groups: list[Group], reference: str | None) -> Table:
-    sol = {g.get("model.name"): g.thr.median for g in groups if g.program == "sol" and g.thr}
+    sol = speed_of_light(groups)
     headers = [
         "configuration",
         "program",
@@ -268,7 +287,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
         eff = (
             arith.efficiency(arith.speedup(g.thr.median, one.thr.median), g.nproc) if one else None
         )
-        light = sol.get(g.get("model.name"))
+        light = sol.get((g.get("model.name"), g.get("precision"))) or sol.get(g.get("model.name"))
         per_gpu = g.thr.median / g.nproc
         rows.append(
             [
@@ -285,7 +304,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
                 slowest_clock(g),
             ]
         )
-    return Table("Configurations and peers", headers, rows, [CLOCK_NOTE])
+    return Table("Configurations and peers", headers, rows, [SOL_NOTE, CLOCK_NOTE])
 
 
 def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) -> Table:
