@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16")
     comm.add_argument("--iters", type=int, default=20, help="timed calls per size")
     comm.add_argument("--warmup", type=int, default=5, help="untimed calls per size first")
+    comm.add_argument(
+        "--passes", type=int, default=3, help="timed passes per size; the median is reported"
+    )
     comm.add_argument("--out", help="folder for config.json, result.json and busbw.png")
     comm.set_defaults(func=cmd_comm)
     return parser
@@ -283,6 +286,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             iters=args.iters,
             warmup=args.warmup,
+            passes=args.passes,
             device=args.device,
             out_dir=args.out or f"runs/comm-{time.strftime('%Y%m%d-%H%M%S')}",
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,9 @@ class CommConfig:
     """Timed calls per size."""
     warmup: int = 5
     """Untimed calls per size first (connections, NCCL's channels)."""
+    passes: int = 3
+    """Timed passes of `iters` calls per size; the median pass is reported (min and max kept), so
+    one slow pass (another job's traffic, a clock dip) does not become the size's figure."""
     device: str = "auto"
     """auto (GPUs when there are), cuda or cpu."""
     out_dir: str = "runs/comm"
@@ -85,8 +89,8 @@ class CommConfig:
             raise ValueError(f"--min-bytes: must be >= 16, got {self.min_bytes}")
         if self.max_bytes is not None and self.max_bytes < self.min_bytes:
             raise ValueError(f"--max-bytes: {self.max_bytes} is below --min-bytes {self.min_bytes}")
-        if self.iters < 1 or self.warmup < 0:
-            raise ValueError("--iters must be >= 1 and --warmup >= 0")
+        if self.iters < 1 or self.warmup < 0 or self.passes < 1:
+            raise ValueError("--iters and --passes must be >= 1 and --warmup >= 0")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"--device: got {self.device!r}; accepted: auto, cuda, cpu")
 
@@ -144,20 +148,26 @@ def measure(op: str, nbytes: int, cfg: CommConfig, device: torch.device) -> dict
     for _ in range(cfg.warmup):
         _call(op, x, out)
     sync()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(cfg.iters):
-        _call(op, x, out)
-    sync()
-    mine = torch.tensor([(time.perf_counter() - start) / cfg.iters], device=device)
+    per_call = []
+    for _ in range(cfg.passes):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(cfg.iters):
+            _call(op, x, out)
+        sync()
+        per_call.append((time.perf_counter() - start) / cfg.iters)
+    mine = torch.tensor(per_call, dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # a collective ends when its slowest rank does
-    seconds = mine.item()
+    passes = sorted(mine.tolist())
+    seconds = statistics.median(passes)
     size = max(x.numel(), out.numel()) * x.element_size()
     algbw = size / seconds / 1e9
     return {
         "op": op,
         "bytes": size,
         "time_us": seconds * 1e6,
+        "time_us_min": passes[0] * 1e6,
+        "time_us_max": passes[-1] * 1e6,
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * bus_factor(op, n),
     }
@@ -181,6 +191,7 @@ def run(cfg: CommConfig) -> dict:
             "world_size": env.world_size,
             "dtype": cfg.dtype,
             "iters": cfg.iters,
+            "passes": cfg.passes,
             "rows": rows,
             "peak_busbw_gbps": {
                 op: max(r["busbw_gbps"] for r in rows if r["op"] == op) for op in cfg.ops
@@ -205,15 +216,17 @@ def print_table(result: dict) -> None:
 
     table = Table(
         title=f"{result['backend']}, {result['world_size']} ranks, {result['dtype']}, "
-        f"{result['iters']} calls per size (slowest rank)"
+        f"median of {result.get('passes', 1)} passes of {result['iters']} calls per size "
+        "(slowest rank)"
     )
-    for name in ("op", "size", "time µs", "algbw GB/s", "busbw GB/s"):
+    for name in ("op", "size", "time µs", "min-max µs", "algbw GB/s", "busbw GB/s"):
         table.add_column(name, justify="left" if name == "op" else "right")
     for r in result["rows"]:
         table.add_row(
             r["op"],
             _human(r["bytes"]),
             f"{r['time_us']:,.1f}",
+            f"{r.get('time_us_min', r['time_us']):,.1f}-{r.get('time_us_max', r['time_us']):,.1f}",
             f"{r['algbw_gbps']:,.2f}",
             f"{r['busbw_gbps']:,.2f}",
         )

@@ -153,6 +153,17 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     epochs: list[dict[str, Any]] = []
     run_start = time.perf_counter()
 
+    def save() -> None:  # every N steps and at the end: the same state, the same files
+        save_checkpoint(
+            ckpt_dir,
+            model=unwrap(model),
+            optimizer=optimizer,
+            scaler=scaler,
+            state=state,
+            device=device,
+            keep=cfg.checkpoint.keep,
+        )
+
     # ================================================================ the loop
     while state.step < total_steps:
         work.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
@@ -205,15 +216,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
                 and state.step < total_steps
             ):
                 clock.pause()
-                save_checkpoint(
-                    ckpt_dir,
-                    model=unwrap(model),
-                    optimizer=optimizer,
-                    scaler=scaler,
-                    state=state,
-                    device=device,
-                    keep=cfg.checkpoint.keep,
-                )
+                save()
                 clock.resume()
         clock.pause()
 
@@ -250,15 +253,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     profiler.stop()  # a run too short to reach its measured steps
     telemetry = pdist.all_gather_object(gpu.stop())
     if cfg.checkpoint.at_end and state.step > start_step:
-        save_checkpoint(
-            ckpt_dir,
-            model=unwrap(model),
-            optimizer=optimizer,
-            scaler=scaler,
-            state=state,
-            device=device,
-            keep=cfg.checkpoint.keep,
-        )
+        save()
     artifacts = work.finish(model, out_dir) if work.finish is not None else {}
     peak, peak_kind = metrics.peak_memory_bytes(device)
     peak = int(pdist.all_reduce_max(float(peak), device))

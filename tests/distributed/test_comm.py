@@ -11,9 +11,9 @@ pytestmark = pytest.mark.dist
 def test_comm_times_every_collective_on_two_processes(tmp_path):
     out = tmp_path / "comm"
     args = ["comm", "--nproc", "2", "--device", "cpu", "--dtype", "fp32", "--max-bytes", "8K"]
-    proc = run_cli(args + ["--iters", "2", "--warmup", "1", "--out", out])
+    proc = run_cli(args + ["--iters", "2", "--warmup", "1", "--passes", "2", "--out", out])
     result = json.loads((out / "result.json").read_text())
-    assert result["backend"] == "gloo" and result["world_size"] == 2
+    assert result["backend"] == "gloo" and result["world_size"] == 2 and result["passes"] == 2
     rows = result["rows"]
     assert {r["op"] for r in rows} == {
         "all_reduce",

@@ -25,7 +25,14 @@ def test_sizes_and_their_spelling():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"ops": ["all_sum"]}, {"dtype": "int8"}, {"min_bytes": 8}, {"max_bytes": 512}, {"iters": 0}],
+    [
+        {"ops": ["all_sum"]},
+        {"dtype": "int8"},
+        {"min_bytes": 8},
+        {"max_bytes": 512},
+        {"iters": 0},
+        {"passes": 0},
+    ],
 )
 def test_config_rejects(kwargs):
     with pytest.raises(ValueError):
@@ -60,6 +67,18 @@ def test_measure_times_and_checks(one_rank_group, monkeypatch):
     cfg = c.CommConfig(iters=2, warmup=1, dtype="fp32")
     row = c.measure("all_reduce", 4096, cfg, torch.device("cpu"))
     assert row["bytes"] == 4096 and row["time_us"] > 0 and row["busbw_gbps"] == 0.0  # n = 1
+    assert row["time_us_min"] <= row["time_us"] <= row["time_us_max"]
     monkeypatch.setattr(c, "_call", lambda op, x, out: out.zero_())  # a collective gone wrong
     with pytest.raises(UserError, match="all_reduce: rank 0 received wrong values"):
         c.measure("all_reduce", 4096, cfg, torch.device("cpu"))
+
+
+def test_the_median_pass_is_reported(one_rank_group, monkeypatch):
+    """Three passes of 1, 9 and 2 ms per call: the row says 2 ms, with 1-9 as its range."""
+    ticks = iter([0.0, 0.001, 1.0, 1.009, 2.0, 2.002])
+    monkeypatch.setattr(c.time, "perf_counter", lambda: next(ticks))
+    row = c.measure(
+        "broadcast", 1024, c.CommConfig(iters=1, warmup=0, passes=3), torch.device("cpu")
+    )
+    assert row["time_us"] == pytest.approx(2000)
+    assert (row["time_us_min"], row["time_us_max"]) == pytest.approx((1000, 9000))
