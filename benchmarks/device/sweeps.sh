@@ -7,7 +7,8 @@
 # where the first stopped (completed runs are skipped). GPU_TESTS="<pytest -k expression>" first
 # runs the matching tests of tests/gpu (GPU_TESTS=all: every one); PROFILE="<recipe> --set k=v ..."
 # then profiles one run (profile.txt and profile_result.json come back); COMM="<paratrain comm
-# flags>" runs the collectives benchmark (comm.json comes back).
+# flags>" runs the collectives benchmark (comm.json comes back). BENCH_FLAGS="--repeats 3 --only fp8"
+# goes to every sweep's `paratrain bench`.
 #   device run (kind nvidia-h200-x2, carry .whl .commit .devdb):
 #     SWEEPS="lora_speed speed" GPU_TESTS="cudnn or liger" bash benchmarks/device/sweeps.sh
 #     SWEEPS="seed_dp_modes:launch.nproc=1,2,4 seed_precision:launch.nproc=4" bash benchmarks/device/sweeps.sh
@@ -35,7 +36,7 @@ for entry in ${SWEEPS:-lora_speed}; do
   IFS=: read -r sweep axes <<<"$entry"; grid=()
   for axis in ${axes//:/ }; do grid+=(--grid "$axis"); done
   left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $sweep"; break; }
-  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml "${grid[@]}" --db $DB --runs-dir /tmp/runs --no-progress
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml "${grid[@]}" ${BENCH_FLAGS:-} --db $DB --runs-dir /tmp/runs --no-progress
 done 2>&1 | tee -a "$OUT/bench.log"
 # A consistent copy of the WAL-mode DB, then the lines worth reading from every run's log.
 python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"

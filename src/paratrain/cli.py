@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2",
         help="replace or add an axis of the sweep's grid, e.g. launch.nproc=1,2,4 (repeatable)",
     )
+    bench.add_argument("--repeats", type=int, help="runs per configuration (replaces the sweep's)")
+    bench.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only the variants whose label contains TEXT (repeatable)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser(
@@ -199,7 +207,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from paratrain.bench.sweep import load_sweep
 
     # every run's config is validated before anything runs
-    sweep = load_sweep(args.sweep, sets=args.set, axes=args.grid)
+    sweep = load_sweep(
+        args.sweep, sets=args.set, axes=args.grid, repeats=args.repeats, only=args.only
+    )
     if args.dry_run:
         for run in sweep.runs:
             print(f"{run.key} {run.label} [{run.program}] {run.params} #{run.repeat}")

@@ -277,3 +277,25 @@ def test_grid_and_set_from_the_command_line_reshape_a_sweep():
     for bad in ("launch.nproc", "=1,2", "launch.nproc="):
         with pytest.raises(ConfigError, match="--grid"):
             parse_axis(bad)
+
+
+def test_only_and_repeats_add_runs_beside_the_stored_ones():
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep
+    from paratrain.errors import ConfigError
+
+    path = RECIPES / "bench" / "lora_speed.yaml"
+    base = load_sweep(path)
+    more = load_sweep(path, repeats=3, only=["fp8 TENSORWISE", "transformers"])
+    assert {r.label for r in more.runs} == {
+        "transformers + peft",
+        "paratrain compile + chunked loss + fp8 tensorwise",
+    }
+    assert len(more.runs) == 2 * 2 * 3  # two variants x 1 and 2 GPUs x 3 repeats
+    # repeat 0 is the run already stored: a report then has three to take the median of
+    assert {r.key for r in more.runs if r.repeat == 0} < {r.key for r in base.runs}
+    with pytest.raises(ConfigError, match="--only: no variant's label contains 'fsdq'"):
+        load_sweep(path, only=["fsdq"])
+    with pytest.raises(ConfigError, match="--repeats"):
+        load_sweep(path, repeats=0)

@@ -114,14 +114,37 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
         raise ConfigError(f"--grid: cannot read the values of {text!r}") from None
 
 
+def _only(variants: list, texts: list[str]) -> list:
+    def label(v: Any) -> str:
+        return str(v.get("label", v.get("program", "paratrain"))) if isinstance(v, dict) else ""
+
+    kept = [v for v in variants if any(t.lower() in label(v).lower() for t in texts)]
+    if not kept:
+        raise ConfigError(
+            f"--only: no variant's label contains {' or '.join(map(repr, texts))}; labels: "
+            + ", ".join(repr(label(v)) for v in variants)
+        )
+    return kept
+
+
 def load_sweep(
-    path: str | Path, sets: list[str] | None = None, axes: list[str] | None = None
+    path: str | Path,
+    sets: list[str] | None = None,
+    axes: list[str] | None = None,
+    repeats: int | None = None,
+    only: list[str] | None = None,
 ) -> Sweep:
     """`sets` ('key=value') join the sweep's common `set:`; `axes` ('key=v1,v2') replace or add
     axes of its top-level grid (a variant's own grid, like the single-GPU speed of light, stays):
-    the same sweep file then serves a machine with more GPUs."""
+    the same sweep file then serves a machine with more GPUs. `repeats` replaces the sweep's;
+    `only` keeps the variants whose label contains one of its texts. A run's key does not depend
+    on either, so repeating one configuration later adds runs beside the stored ones."""
     path = Path(path)
     spec = read_yaml(path)
+    if repeats is not None:
+        if repeats < 1:
+            raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
+        spec["repeats"] = repeats
     for text in axes or []:
         key, values = parse_axis(text)
         spec["grid"] = {**(spec.get("grid") or {}), key: values}
@@ -148,6 +171,8 @@ def load_sweep(
     variants = spec.get("variants") or [{}]
     if not isinstance(variants, list):
         raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")
+    if only:
+        variants = _only(variants, only)
 
     runs: list[RunSpec] = []
     for i, variant in enumerate(variants):
