@@ -216,7 +216,7 @@ def print_table(result: dict) -> None:
 
     table = Table(
         title=f"{result['backend']}, {result['world_size']} ranks, {result['dtype']}, "
-        f"median of {result.get('passes', 1)} passes of {result['iters']} calls per size "
+        f"median of {result['passes']} passes of {result['iters']} calls per size "
         "(slowest rank)"
     )
     for name in ("op", "size", "time µs", "min-max µs", "algbw GB/s", "busbw GB/s"):
@@ -226,7 +226,7 @@ def print_table(result: dict) -> None:
             r["op"],
             _human(r["bytes"]),
             f"{r['time_us']:,.1f}",
-            f"{r.get('time_us_min', r['time_us']):,.1f}-{r.get('time_us_max', r['time_us']):,.1f}",
+            f"{r['time_us_min']:,.1f}-{r['time_us_max']:,.1f}",
             f"{r['algbw_gbps']:,.2f}",
             f"{r['busbw_gbps']:,.2f}",
         )

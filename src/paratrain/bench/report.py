@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -250,21 +251,23 @@ SOL_NOTE = (
 )
 
 
-def speed_of_light(groups: list[Group]) -> dict[Any, float]:
-    """Speed-of-light throughput per (model, precision), and per model the fastest of them: a
-    fp16 configuration is measured against the fp16 ceiling, not the bf16 one."""
-    sol: dict[Any, float] = {}
+def speed_of_light(groups: list[Group]) -> Callable[[Group], float | None]:
+    """A group's ceiling: the per-GPU speed-of-light throughput of its model at its precision (a
+    fp16 configuration against the fp16 ceiling, not the bf16 one), else its model's fastest."""
+    same: dict[tuple[Any, Any], float] = {}
+    fastest: dict[Any, float] = {}
     for g in groups:
-        if g.program != "sol" or not g.thr:
-            continue
-        model, thr = g.get("model.name"), g.thr.median / g.nproc
-        sol[(model, g.get("precision"))] = thr
-        sol[model] = max(thr, sol.get(model, 0.0))
-    return sol
+        if g.program == "sol" and g.thr:
+            model, thr = g.get("model.name"), g.thr.median / g.nproc
+            same[(model, g.get("precision"))] = thr
+            fastest[model] = max(thr, fastest.get(model, 0.0))
+    return lambda g: (
+        same.get((g.get("model.name"), g.get("precision"))) or fastest.get(g.get("model.name"))
+    )
 
 
 def variants_table(groups: list[Group], reference: str | None) -> Table:
-    sol = speed_of_light(groups)
+    ceiling = speed_of_light(groups)
     headers = [
         "configuration",
         "program",
@@ -287,7 +290,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
         eff = (
             arith.efficiency(arith.speedup(g.thr.median, one.thr.median), g.nproc) if one else None
         )
-        light = sol.get((g.get("model.name"), g.get("precision"))) or sol.get(g.get("model.name"))
+        light = ceiling(g)
         per_gpu = g.thr.median / g.nproc
         rows.append(
             [
