@@ -202,6 +202,14 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if value in choices:
             return value
         raise ConfigError(f"{name}: got {value!r}; accepted: {', '.join(map(str, choices))}")
+    if origin is dict:
+        # A group of free-form settings (train.compile_options); nested groups become dotted names,
+        # so `--set train.compile_options.triton.cudagraphs=true` names the setting triton.cudagraphs.
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a group of settings, got {value!r}")
+        return _flatten(value)
     if origin in (list, tuple):
         (inner, *_) = typing.get_args(tp) or (str,)
         if isinstance(value, str):
@@ -241,6 +249,16 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return str(value)
         raise ConfigError(f"{name}: expected a string, got {value!r}")
     raise AssertionError(f"unsupported config type {tp} for {name}")
+
+
+def _flatten(group: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in group.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 # --------------------------------------------------------------------------- output

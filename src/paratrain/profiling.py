@@ -1,18 +1,51 @@
 """Where a training step's time goes: torch.profiler over a few steps right after warm-up.
 
 The profiled steps are left out of the throughput measurement (profiling slows them), which
-starts after them. Rank 0 writes the operator table (by self device time on GPUs, self CPU time
-on the CPU) to <output_dir>/profile.txt; result.json keeps the top operators per step.
+starts after them. Rank 0 writes to <output_dir>:
+- profile.txt: the wall time per step; on GPUs the kernel time per step, how busy that kept the
+  GPU, and the kernel time by kind (cuDNN convolutions, Triton kernels inductor generated, eager
+  ATen kernels, matmuls, optimizer, copies); then the operator table (by self device time on
+  GPUs, self CPU time on the CPU);
+- trace.json.gz: the timeline, for chrome://tracing or ui.perfetto.dev.
+result.json keeps the top operators per step.
 """
 
 from __future__ import annotations
 
+import gzip
+import shutil
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 TOP = 15
+
+# (kind, name fragments): the first kind whose fragment a kernel's name holds (lower case).
+KINDS = (
+    ("Triton, inductor-generated", ("triton_",)),
+    ("optimizer (foreach / fused)", ("multi_tensor_apply", "fused_adam", "fused_sgd")),
+    (
+        "convolution (cuDNN / ATen conv)",
+        ("fprop", "dgrad", "wgrad", "conv", "cudnn", "depthwise", "nhwc", "nchw"),
+    ),
+    ("matmul (cuBLAS / CUTLASS)", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet")),
+    ("attention", ("flash", "fmha", "attention")),
+    ("NCCL collectives", ("nccl",)),
+    ("copies and fills", ("memcpy", "memset", "copy_kernel", "fill_kernel")),
+    ("eager ATen kernels", ("at::native", "elementwise", "reduce_kernel", "vectorized")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, fragments in KINDS:
+        if any(f in low for f in fragments):
+            return kind
+    return "other"
 
 
 class StepProfiler:
@@ -29,16 +62,23 @@ class StepProfiler:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=activities)
         self._prof.__enter__()
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def stop(self) -> None:
         if self._prof is None:
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self._sync()
+        wall_ms = (time.perf_counter() - self._t0) * 1000.0 / self.steps
         self._prof.__exit__(None, None, None)
         gpu = self.device.type == "cuda"
         key = "self_device_time_total" if gpu else "self_cpu_time_total"
-        events = sorted(self._prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+        averages = self._prof.key_averages()
+        events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)
         total = sum(getattr(e, key) for e in events) or 1.0
         self.summary = [
             {
@@ -50,10 +90,40 @@ class StepProfiler:
             for e in events[:TOP]
         ]
         if self.is_main:
-            table = self._prof.key_averages().table(sort_by=key, row_limit=40)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            head = f"torch.profiler over {self.steps} steps after warm-up\n\n"
+            head += f"wall time per step: {wall_ms:.2f} ms (profiler running)\n"
+            if gpu:
+                head += kernel_breakdown(averages, wall_ms, self.steps)
             clock = "self device (GPU) time" if gpu else "self CPU time"
-            (self.out_dir / "profile.txt").write_text(
-                f"torch.profiler over {self.steps} steps after warm-up, sorted by {clock}\n\n"
-                + table
-            )
+            table = averages.table(sort_by=key, row_limit=40)
+            (self.out_dir / "profile.txt").write_text(f"{head}\noperators by {clock}:\n{table}")
+            self._save_trace()
         self._prof = None
+
+    def _save_trace(self) -> None:
+        plain = self.out_dir / "trace.json"
+        self._prof.export_chrome_trace(str(plain))
+        with plain.open("rb") as src, gzip.open(self.out_dir / "trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        plain.unlink()
+
+
+def kernel_breakdown(averages, wall_ms: float, steps: int) -> str:
+    """GPU kernel time per step, by kind, and its share of the wall time (kernels summed over
+    streams, so overlapping ones, e.g. NCCL beside compute, can add up past 100%)."""
+    by_kind: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for e in averages:
+        if e.device_type == DeviceType.CUDA:
+            by_kind[kernel_kind(e.key)] += e.self_device_time_total / 1000.0 / steps
+            calls[kernel_kind(e.key)] += e.count
+    busy = sum(by_kind.values())
+    lines = [
+        f"GPU kernel time per step: {busy:.2f} ms ({busy / max(wall_ms, 1e-9):.0%} of the wall time)",
+        "by kind (ms per step, share of kernel time, launches per step):",
+    ]
+    for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        share = ms / busy if busy else 0.0
+        lines.append(f"  {kind:34s} {ms:8.2f}  {share:6.1%}  {calls[kind] / steps:7.0f}")
+    return "\n".join(lines) + "\n"

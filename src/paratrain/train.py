@@ -105,9 +105,9 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         # layers share one graph, so compile time does not grow with depth, and peft's wrappers
         # and the loss run eagerly around them. FSDP then shards the compiled layers.
         for block in work.blocks:
-            block.compile(mode=tc.compile_mode)
+            block.compile(**tc.compile_kwargs())
     elif tc.compile:
-        inner = torch.compile(model, mode=tc.compile_mode)
+        inner = torch.compile(model, **tc.compile_kwargs())
     model = spec.apply(inner, device, policy)
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank

@@ -3,8 +3,8 @@ them without importing the loop."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 
 @dataclass(kw_only=True)
@@ -35,6 +35,9 @@ class TrainConfig:
         "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
     ] = "default"
     """torch.compile mode; reduce-overhead and max-autotune replay CUDA graphs (fewer launches)."""
+    compile_options: dict[str, Any] = field(default_factory=dict)
+    """Inductor settings applied on top of compile_mode's own (torch._inductor.list_mode_options),
+    e.g. coordinate_descent_tuning: true or triton.cudagraphs: true; unknown names are refused."""
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """Attention kernel scaled_dot_product_attention tries first (language models, sdpa); the
     others stay behind it as fallbacks. auto keeps PyTorch's order; cudnn is cuDNN's fused
@@ -66,6 +69,36 @@ class TrainConfig:
             raise ValueError(f"profile_steps: must be >= 0, got {self.profile_steps}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.compile_options:
+            check_inductor_options(self.compile_options)
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """torch.compile's keywords: its mode alone, or (torch.compile takes a mode or options,
+        not both) the mode's own settings with compile_options over them."""
+        if not self.compile_options:
+            return {"mode": self.compile_mode}
+        from torch._inductor import list_mode_options
+
+        return {"options": {**list_mode_options(self.compile_mode), **self.compile_options}}
+
+
+def check_inductor_options(options: dict[str, Any]) -> None:
+    """Each name must be one of torch._inductor.config's and its value of the setting's kind, so a
+    typo fails at config time in one line rather than at the first compiled step."""
+    from torch._inductor import config as inductor
+
+    known = inductor.get_config_copy()
+    for name, value in options.items():
+        if name not in known:
+            raise ValueError(
+                f"compile_options: {name!r} is not a torch._inductor.config setting "
+                "(names as in torch._inductor.list_mode_options(), e.g. coordinate_descent_tuning)"
+            )
+        default = known[name]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"compile_options: {name} takes true or false, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool) and type(value) is not int:
+            raise ValueError(f"compile_options: {name} takes an integer, got {value!r}")
 
 
 @dataclass(kw_only=True)

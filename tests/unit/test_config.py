@@ -36,6 +36,25 @@ def test_yaml_round_trip(tmp_path):
     assert load_config(path) == cfg
 
 
+def test_compile_options_are_dotted_inductor_settings_on_top_of_the_mode(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "train.compile_mode=max-autotune-no-cudagraphs",
+            "train.compile_options.coordinate_descent_tuning=false",
+            "train.compile_options.triton.cudagraphs=true",
+        ],
+    )
+    options = {"coordinate_descent_tuning": False, "triton.cudagraphs": True}
+    assert cfg.train.compile_options == options
+    # torch.compile takes a mode or options: the mode's own settings, the user's over them
+    assert cfg.train.compile_kwargs() == {"options": {"max_autotune": True, **options}}
+    assert load_config(None).train.compile_kwargs() == {"mode": "default"}
+    path = tmp_path / "c.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
 def test_every_key_has_a_docstring():
     rows = describe_keys()
     assert len(rows) > 40
@@ -90,6 +109,15 @@ BAD = [
     ),
     (["--set", "model.init=random"], "model.shape: init=random needs a shape"),
     (["--set", "lora.r=0"], "lora.r: must be >= 1"),
+    (
+        ["--set", "train.compile_options.coordinate_decent_tuning=true"],
+        "train.compile_options: 'coordinate_decent_tuning' is not a torch._inductor.config",
+    ),
+    (
+        ["--set", "train.compile_options.triton.cudagraphs=yes please"],
+        "train.compile_options: triton.cudagraphs takes true or false",
+    ),
+    (["--set", "train.compile_options=7"], "train.compile_options: expected a group of settings"),
     (
         ["--set", "strategy=fsdp", "--set", "lora.save_merged=true"],
         "lora.save_merged: merging needs whole weights",

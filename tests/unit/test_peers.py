@@ -73,6 +73,16 @@ def test_sol_one_process(tmp_path):
     assert result["data_real"] is False
 
 
+def test_sol_profiles_the_steps_after_warm_up_and_leaves_them_out(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", [*TINY, "train.profile_steps=2"])
+    run_cli([cfg, tmp_path / "out"], module="paratrain.bench.peers.sol")
+    result = read_result(tmp_path / "out")
+    check_summary(result, "sol", 1, steps=6, measured=2)  # 6 - 2 warm-up - 2 profiled
+    assert result["summary"]["profile"]
+    assert "wall time per step" in (tmp_path / "out" / "profile.txt").read_text()
+    assert (tmp_path / "out" / "trace.json.gz").stat().st_size > 0
+
+
 def run_hiding(library, program, args):
     """Run a peer with `library` made unimportable (as if it were not installed)."""
     code = (

@@ -148,6 +148,7 @@ def test_profiled_steps_come_after_warm_up_and_before_the_measurement(tmp_path):
     assert s["measured_steps"] == 4  # 9 - 2 warm-up - 3 profiled
     table = (out / "profile.txt").read_text()
     assert "over 3 steps after warm-up" in table and "aten::" in table
+    assert "wall time per step" in table and (out / "trace.json.gz").stat().st_size > 0
     top = s["profile"]
     assert top and all(t["ms_per_step"] >= 0 and 0 <= t["share"] <= 1 for t in top)
     assert any("conv" in t["name"] or "addmm" in t["name"] for t in top)  # the model's work
@@ -155,3 +156,22 @@ def test_profiled_steps_come_after_warm_up_and_before_the_measurement(tmp_path):
         load_config(None, BASE + [f"output_dir={tmp_path / 'plain'}", "train.max_steps=3"])
     )
     assert plain["summary"]["profile"] is None and not (tmp_path / "plain" / "profile.txt").exists()
+
+
+def test_compile_options_reach_torch_compile(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_compile(model, **kwargs):  # records the call, trains the eager model
+        seen.append(kwargs)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    extra = [
+        "train.compile=true",
+        "train.compile_mode=reduce-overhead",
+        "train.compile_options.coordinate_descent_tuning=true",
+        "train.max_steps=2",
+    ]
+    run(tmp_path, "c", extra)
+    options = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+    assert seen == [{"options": options}]

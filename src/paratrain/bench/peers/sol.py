@@ -1,7 +1,9 @@
 """Speed of light: one process, one device, one synthetic batch made once on the device and
 trained on again and again. No loader, no host-to-device copy, no communication: the ceiling
 that the data path and the parallel loops are measured against. It honours the compute knobs
-(precision, channels_last, torch.compile and its mode, cudnn_benchmark): the same model step.
+(precision, channels_last, torch.compile with its mode and options, cudnn_benchmark): the same
+model step. With train.profile_steps, the steps right after warm-up are profiled (profile.txt in
+OUT_DIR, as paratrain run writes it) and left out of the measurement.
 
     python -m paratrain.bench.peers.sol CONFIG_YAML OUT_DIR
 """
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.bench.peers import common
+from paratrain.profiling import StepProfiler
 
 
 def main() -> None:
@@ -33,18 +36,24 @@ def main() -> None:
     model = model.to(device, memory_format=layout)
     if cfg.train.compile:
         # compiled on the first step, inside the warm-up; the same mode paratrain would use
-        model = torch.compile(model, mode=cfg.train.compile_mode)
+        model = torch.compile(model, **cfg.train.compile_kwargs())
     optimizer = common.build_optimizer(model.parameters(), cfg)
     amp_dtype = common.AUTOCAST.get(cfg.precision)
     # Keep the scaler for fp16: its unscale and inf check are part of a real fp16 step's cost.
     scaler = common.grad_scaler(cfg, device)
     images = torch.randn(batch, 1, side, side, device=device).contiguous(memory_format=layout)
     labels = torch.randint(0, source.num_classes, (batch,), device=device)
-    meter = common.Meter(device, cfg.train.warmup_steps, total)
+    warmup, profiled = cfg.train.warmup_steps, cfg.train.profile_steps
+    meter = common.Meter(device, warmup + profiled, total)
+    profiler = StepProfiler(device, profiled, out_dir, is_main=True)
 
     model.train()
     meter.start()
-    for _ in range(total):
+    for step in range(total):
+        if step == warmup:
+            profiler.start()
+        if step == warmup + profiled:
+            profiler.stop()
         optimizer.zero_grad()
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = F.cross_entropy(model(images), labels)
@@ -52,8 +61,10 @@ def main() -> None:
         scaler.step(optimizer)
         scaler.update()
         meter.step(loss)
+    profiler.stop()  # a run too short to reach its measured steps
 
     summary = meter.summary(batch, 1)
+    summary["profile"] = profiler.summary
     common.write_result(
         out_dir,
         "sol",
@@ -66,6 +77,7 @@ def main() -> None:
         channels_last=cfg.train.channels_last,
         compile=cfg.train.compile,
         compile_mode=cfg.train.compile_mode if cfg.train.compile else None,
+        compile_options=cfg.train.compile_options if cfg.train.compile else None,
     )
 
 
