@@ -89,6 +89,11 @@ class RunConfig:
             raise ValueError(
                 "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
             )
+        if self.model.depthwise_conv == "shift-add" and not self.train.compile:
+            raise ValueError(
+                "model.depthwise_conv: shift-add is written for torch.compile to fuse (eagerly "
+                "it is slower than native); set train.compile=true"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -119,6 +119,10 @@ BAD = [
     ),
     (["--set", "train.compile_options=7"], "train.compile_options: expected a group of settings"),
     (
+        ["--set", "model.depthwise_conv=shift-add"],
+        "model.depthwise_conv: shift-add is written for torch.compile",
+    ),
+    (
         ["--set", "strategy=fsdp", "--set", "lora.save_merged=true"],
         "lora.save_merged: merging needs whole weights",
     ),

@@ -41,6 +41,10 @@ class ModelConfig:
     loss_chunk_tokens: int = 0
     """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
     whole [tokens, vocab] logits (lm/loss.py); 0 uses transformers' own loss."""
+    depthwise_conv: Literal["native", "shift-add"] = "native"
+    """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or as shifted
+    multiply-adds that torch.compile fuses into one kernel per layer (models/depthwise.py; needs
+    train.compile). cuDNN runs MobileNetV2's large depthwise layers slowly at 500x500."""
     kernels: Literal["none", "liger", "liger-loss"] = "none"
     """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
@@ -86,4 +90,9 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
     model = resolve_builder(cfg.name)(num_classes=num_classes, in_channels=in_channels)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
+    if cfg.depthwise_conv == "shift-add":
+        from paratrain.models.depthwise import shift_add_depthwise
+
+        if shift_add_depthwise(model) == 0:
+            raise UserError(f"model.depthwise_conv: {cfg.name} has no depthwise convolution")
     return model

@@ -58,6 +58,8 @@ def read_args(program: str) -> tuple[RunConfig, Path]:
         if value not in accepted:
             names = ", ".join(map(str, accepted))
             fail(f"{key}: {value!r} is not supported by the peers; accepted: {names}")
+    if program != "sol" and cfg.model.depthwise_conv != "native":
+        fail("model.depthwise_conv: only paratrain and the speed-of-light program swap layers")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         fail("device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)")
     return cfg, Path(sys.argv[2])

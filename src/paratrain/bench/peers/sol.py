@@ -33,6 +33,10 @@ def main() -> None:
     layout = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
 
     model = common.build_model(cfg.model.name, source.num_classes)
+    if cfg.model.depthwise_conv == "shift-add":
+        from paratrain.models.depthwise import shift_add_depthwise
+
+        shift_add_depthwise(model)
     model = model.to(device, memory_format=layout)
     if cfg.train.compile:
         # compiled on the first step, inside the warm-up; the same mode paratrain would use
@@ -52,14 +56,14 @@ def main() -> None:
     for step in range(total):
         if step == warmup:
             profiler.start()
-        if step == warmup + profiled:
-            profiler.stop()
         optimizer.zero_grad()
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = F.cross_entropy(model(images), labels)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        if step + 1 == warmup + profiled:
+            profiler.stop()  # before meter.step opens the measured window: its work is not timed
         meter.step(loss)
     profiler.stop()  # a run too short to reach its measured steps
 

@@ -1,0 +1,102 @@
+"""Each depthwise layer of MobileNetV2 (500x500 input, batch 64, bf16 autocast) timed alone,
+forward + backward: cuDNN channels_last, cuDNN NCHW, and paratrain's shift-add compiled.
+
+    python benchmarks/device/depthwise_layers.py OUT.json   (on a GPU; prints a table too)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+from paratrain.models.depthwise import ShiftAddDepthwise, is_depthwise
+from paratrain.models.vision import build_mobilenet_v2
+
+BATCH, SIDE, ITERS = 64, 500, 20
+
+
+def layer_inputs() -> list[tuple[nn.Conv2d, tuple[int, ...]]]:
+    """(conv, input shape) of every depthwise layer, found with forward hooks at full size."""
+    model = build_mobilenet_v2(10, in_channels=1).eval()
+    found = []
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: found.append((m, tuple(i[0].shape))))
+        for m in model.modules()
+        if is_depthwise(m)
+    ]
+    with torch.no_grad():
+        model(torch.zeros(1, 1, SIDE, SIDE))
+    for h in hooks:
+        h.remove()
+    return [(m, (BATCH, *shape[1:])) for m, shape in found]
+
+
+def time_ms(fn, x) -> float:
+    for _ in range(3):
+        fn(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(ITERS):
+        fn(x)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / ITERS
+
+
+def fwd_bwd(module):
+    def run(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = module(x)
+        out.backward(torch.ones_like(out))
+
+    return run
+
+
+def main() -> None:
+    torch.backends.cudnn.benchmark = True
+    rows = []
+    for conv, shape in layer_inputs():
+        conv = conv.cuda()
+        x_nhwc = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        x_nhwc = x_nhwc.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+        x_nchw = x_nhwc.detach().contiguous().requires_grad_()
+        nhwc = conv.to(memory_format=torch.channels_last)
+        compiled = torch.compile(ShiftAddDepthwise(conv), dynamic=False)  # one shape each
+        row = {
+            "channels": conv.in_channels,
+            "stride": conv.stride[0],
+            "input_side": shape[-1],
+            "cudnn_nhwc_ms": time_ms(fwd_bwd(nhwc), x_nhwc),
+            "cudnn_nchw_ms": time_ms(
+                fwd_bwd(conv.to(memory_format=torch.contiguous_format)), x_nchw
+            ),
+            "shift_add_compiled_ms": time_ms(fwd_bwd(compiled), x_nhwc),
+        }
+        rows.append(row)
+        print(
+            f"{row['channels']:5d} ch s{row['stride']} {row['input_side']:4d}px  cudnn nhwc "
+            f"{row['cudnn_nhwc_ms']:7.3f}  nchw {row['cudnn_nchw_ms']:7.3f}  shift-add "
+            f"{row['shift_add_compiled_ms']:7.3f} ms",
+            flush=True,
+        )
+    total = {k: sum(r[k] for r in rows) for k in rows[0] if k.endswith("_ms")}
+    print("all 17 layers, ms per step:", {k: round(v, 2) for k, v in total.items()})
+    env = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    env["gpu"] = torch.cuda.get_device_name()
+    payload = {
+        "batch": BATCH,
+        "side": SIDE,
+        "iters": ITERS,
+        "env": env,
+        "layers": rows,
+        "total": total,
+    }
+    with open(sys.argv[1], "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

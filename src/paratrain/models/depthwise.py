@@ -1,0 +1,81 @@
+"""Depthwise convolutions as shifted multiply-adds, for torch.compile to fuse.
+
+A depthwise k x k convolution (groups = channels) is, per output pixel, k*k products of one input
+pixel and one weight per channel: no reduction over channels, so no tensor-core work. On H200
+(cuDNN 9, bf16, channels_last) the two 250x250 depthwise layers of MobileNetV2 at 500x500 input
+run a generic direct kernel, 4.5 and 6.4 ms each, a quarter of the whole training step
+(benchmarks/results/2026-11-30-h200x2/issue3_levers). Written as k*k shifted slices times a
+per-channel weight, inductor makes each layer one memory-bound kernel forward and a few backward.
+Eagerly it is slower than cuDNN (each product is its own tensor): use it with train.compile.
+
+The module keeps nn.Conv2d's parameters (weight [C, 1, k, k], bias [C]) under the same names, so
+state dicts, checkpoints and optimizers do not see the swap.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShiftAddDepthwise(nn.Module):
+    def __init__(self, conv: nn.Conv2d):
+        super().__init__()
+        self.weight, self.bias = conv.weight, conv.bias  # the same Parameters: nothing copied
+        self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under autocast a convolution computes in the autocast dtype; so does this (products and
+        # sum in fp32 inside the fused kernel, the result rounded once, as cuDNN does).
+        out_dtype = x.dtype
+        if torch.is_autocast_enabled(x.device.type):
+            out_dtype = torch.get_autocast_dtype(x.device.type)
+        (kh, kw), (sh, sw), (dh, dw) = self.weight.shape[2:], self.stride, self.dilation
+        ph, pw = self.padding
+        n, c, h, w = x.shape
+        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        xp = F.pad(x.to(out_dtype), (pw, pw, ph, ph))
+        acc = torch.promote_types(out_dtype, torch.float32)  # fp32 sums for bf16 / fp16
+        weight = self.weight.to(out_dtype).to(acc)  # the rounding a bf16 convolution applies
+        out = None
+        for i in range(kh):
+            for j in range(kw):
+                top, left = i * dh, j * dw
+                tap = xp[
+                    :, :, top : top + sh * (ho - 1) + 1 : sh, left : left + sw * (wo - 1) + 1 : sw
+                ]
+                term = tap.to(acc) * weight[:, 0, i, j].view(1, c, 1, 1)
+                out = term if out is None else out + term
+        if self.bias is not None:
+            out = out + self.bias.to(acc).view(1, c, 1, 1)
+        return out.to(out_dtype)
+
+    def extra_repr(self) -> str:
+        c, _, kh, kw = self.weight.shape
+        return f"{c}, kernel_size={(kh, kw)}, stride={self.stride}, padding={self.padding}"
+
+
+def is_depthwise(module: nn.Module) -> bool:
+    return (
+        type(module) is nn.Conv2d
+        and module.groups > 1
+        and module.groups == module.in_channels == module.out_channels
+        and module.padding_mode == "zeros"
+        and isinstance(module.padding, tuple)  # not "same" / "valid" strings
+    )
+
+
+def shift_add_depthwise(model: nn.Module) -> int:
+    """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters;
+    returns how many were swapped."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if is_depthwise(child)
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, ShiftAddDepthwise(child))
+    return len(swaps)

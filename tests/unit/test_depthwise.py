@@ -1,0 +1,57 @@
+"""model.depthwise_conv=shift-add: the same function and gradients as nn.Conv2d."""
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain.models.depthwise import ShiftAddDepthwise, shift_add_depthwise
+from paratrain.models.vision import build_mobilenet_v2
+
+
+@pytest.mark.parametrize(
+    "stride,padding,dilation,bias,side",
+    [(1, 1, 1, False, 13), (2, 1, 1, False, 13), (2, 1, 1, True, 12), (1, 2, 2, True, 11)],
+)
+def test_same_output_and_gradients_as_conv2d(stride, padding, dilation, bias, side):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(6, 6, 3, stride, padding, dilation, groups=6, bias=bias).double()
+    mine = ShiftAddDepthwise(conv)
+    x = torch.randn(2, 6, side, side, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    ref, out = conv(x), mine(x2)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-12)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    grads = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    assert torch.allclose(x2.grad, x.grad, atol=1e-12)
+    for a, p in zip(grads, conv.parameters(), strict=True):  # the same Parameter objects
+        assert torch.allclose(p.grad, a, atol=1e-12)
+
+
+def test_autocast_dtype_and_channels_last():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, 1, 1, groups=8, bias=False)
+    x = torch.randn(2, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = conv(x), ShiftAddDepthwise(conv)(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert (out.float() - ref.float()).abs().max() < 0.05  # bf16 rounding, not a different sum
+
+
+def test_swaps_only_depthwise_layers_and_keeps_the_state_dict():
+    model = build_mobilenet_v2(10, in_channels=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert shift_add_depthwise(model) == 17  # MobileNetV2's 17 depthwise 3x3 layers
+    assert sum(isinstance(m, ShiftAddDepthwise) for m in model.modules()) == 17
+    assert sum(type(m) is nn.Conv2d for m in model.modules()) == 35  # stem, 1x1s, last 1x1
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    model.eval()
+    x = torch.randn(2, 1, 64, 64)
+    ref = build_mobilenet_v2(10, in_channels=1)
+    ref.load_state_dict(before)
+    ref.eval()
+    assert torch.allclose(model(x), ref(x), atol=1e-5)
