@@ -55,3 +55,19 @@ def test_swaps_only_depthwise_layers_and_keeps_the_state_dict():
     ref.load_state_dict(before)
     ref.eval()
     assert torch.allclose(model(x), ref(x), atol=1e-5)
+
+
+def test_below_min_side_it_is_the_native_convolution(monkeypatch):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 4, 3, 1, 1, groups=4, bias=False)
+    mine = ShiftAddDepthwise(conv, min_side=10)
+    calls = []
+    real = torch.nn.functional.conv2d
+    monkeypatch.setattr(
+        torch.nn.functional, "conv2d", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    small, big = torch.randn(1, 4, 9, 12), torch.randn(1, 4, 10, 10)
+    assert torch.allclose(mine(small), conv(small), atol=1e-6)
+    assert len(calls) == 2  # ours and the reference: the native path
+    assert torch.allclose(mine(big), conv(big), atol=1e-6)
+    assert len(calls) == 3  # only the reference: shift-add

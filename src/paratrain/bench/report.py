@@ -259,7 +259,8 @@ def speed_of_light(groups: list[Group]) -> Callable[[Group], float | None]:
     for g in groups:
         if g.program == "sol" and g.thr:
             model, thr = g.get("model.name"), g.thr.median / g.nproc
-            same[(model, g.get("precision"))] = thr
+            key = (model, g.get("precision"))
+            same[key] = max(thr, same.get(key, 0.0))  # several ways of one step: the fastest
             fastest[model] = max(thr, fastest.get(model, 0.0))
     return lambda g: (
         same.get((g.get("model.name"), g.get("precision"))) or fastest.get(g.get("model.name"))

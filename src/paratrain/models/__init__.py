@@ -42,9 +42,13 @@ class ModelConfig:
     """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
     whole [tokens, vocab] logits (lm/loss.py); 0 uses transformers' own loss."""
     depthwise_conv: Literal["native", "shift-add"] = "native"
-    """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or as shifted
-    multiply-adds that torch.compile fuses into one kernel per layer (models/depthwise.py; needs
-    train.compile). cuDNN runs MobileNetV2's large depthwise layers slowly at 500x500."""
+    """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
+    least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses
+    (models/depthwise.py; needs train.compile). cuDNN runs MobileNetV2's 250x250 depthwise layers
+    with a slow generic kernel on H200."""
+    shift_add_min_side: int = 200
+    """With depthwise_conv=shift-add: the smallest input side (pixels) that takes shift-add; below
+    it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and below."""
     kernels: Literal["none", "liger", "liger-loss"] = "none"
     """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
@@ -62,6 +66,8 @@ class ModelConfig:
             raise ValueError(
                 "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny) or a path"
             )
+        if self.shift_add_min_side < 0:
+            raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"loss_chunk_tokens: must be >= 0, got {self.loss_chunk_tokens}")
         if self.init == "pretrained" and self.shape is not None:
@@ -93,6 +99,6 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
     if cfg.depthwise_conv == "shift-add":
         from paratrain.models.depthwise import shift_add_depthwise
 
-        if shift_add_depthwise(model) == 0:
+        if shift_add_depthwise(model, cfg.shift_add_min_side) == 0:
             raise UserError(f"model.depthwise_conv: {cfg.name} has no depthwise convolution")
     return model

@@ -3,10 +3,13 @@
 A depthwise k x k convolution (groups = channels) is, per output pixel, k*k products of one input
 pixel and one weight per channel: no reduction over channels, so no tensor-core work. On H200
 (cuDNN 9, bf16, channels_last) the two 250x250 depthwise layers of MobileNetV2 at 500x500 input
-run a generic direct kernel, 4.5 and 6.4 ms each, a quarter of the whole training step
-(benchmarks/results/2026-11-30-h200x2/issue3_levers). Written as k*k shifted slices times a
-per-channel weight, inductor makes each layer one memory-bound kernel forward and a few backward.
-Eagerly it is slower than cuDNN (each product is its own tensor): use it with train.compile.
+run a generic direct kernel, 4.5 and 6.4 ms each, a quarter of the whole training step. Written
+as k*k shifted slices times a per-channel weight, inductor fuses each layer into one kernel
+forward and a few backward: forward + backward 6.1 -> 2.0 ms and 10.2 -> 5.5 ms on those two
+layers, but slower than cuDNN's specialised kernels on every layer of 125 pixels and less
+(benchmarks/results/2026-11-30-h200x2/issue3_depthwise/). Hence `min_side`: the swap applies
+from that input size up. Eagerly it is slower than cuDNN (each product is its own tensor): use
+it with train.compile.
 
 The module keeps nn.Conv2d's parameters (weight [C, 1, k, k], bias [C]) under the same names, so
 state dicts, checkpoints and optimizers do not see the swap.
@@ -20,12 +23,22 @@ from torch import nn
 
 
 class ShiftAddDepthwise(nn.Module):
-    def __init__(self, conv: nn.Conv2d):
+    """A depthwise nn.Conv2d's function; shifted multiply-adds for inputs at least `min_side`
+    pixels on their shorter side, the native convolution below (decided per shape, so once per
+    compiled graph)."""
+
+    def __init__(self, conv: nn.Conv2d, min_side: int = 0):
         super().__init__()
         self.weight, self.bias = conv.weight, conv.bias  # the same Parameters: nothing copied
         self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
+        self.min_side = min_side
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if min(x.shape[-2:]) < self.min_side:
+            groups = self.weight.shape[0]
+            return F.conv2d(
+                x, self.weight, self.bias, self.stride, self.padding, self.dilation, groups
+            )
         # Under autocast a convolution computes in the autocast dtype; so does this (products and
         # sum in fp32 inside the fused kernel, the result rounded once, as cuDNN does).
         out_dtype = x.dtype
@@ -67,9 +80,9 @@ def is_depthwise(module: nn.Module) -> bool:
     )
 
 
-def shift_add_depthwise(model: nn.Module) -> int:
-    """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters;
-    returns how many were swapped."""
+def shift_add_depthwise(model: nn.Module, min_side: int = 0) -> int:
+    """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters
+    (shift-add from inputs of `min_side` pixels up); returns how many were swapped."""
     swaps = [
         (parent, name, child)
         for parent in model.modules()
@@ -77,5 +90,5 @@ def shift_add_depthwise(model: nn.Module) -> int:
         if is_depthwise(child)
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, ShiftAddDepthwise(child))
+        setattr(parent, name, ShiftAddDepthwise(child, min_side))
     return len(swaps)

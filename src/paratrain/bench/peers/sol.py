@@ -36,7 +36,7 @@ def main() -> None:
     if cfg.model.depthwise_conv == "shift-add":
         from paratrain.models.depthwise import shift_add_depthwise
 
-        shift_add_depthwise(model)
+        shift_add_depthwise(model, cfg.model.shift_add_min_side)
     model = model.to(device, memory_format=layout)
     if cfg.train.compile:
         # compiled on the first step, inside the warm-up; the same mode paratrain would use
