@@ -76,25 +76,22 @@ def main() -> None:
             "shift_add_compiled_ms": time_ms(fwd_bwd(compiled), x_nhwc),
         }
         rows.append(row)
+        write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(
             f"{row['channels']:5d} ch s{row['stride']} {row['input_side']:4d}px  cudnn nhwc "
             f"{row['cudnn_nhwc_ms']:7.3f}  nchw {row['cudnn_nchw_ms']:7.3f}  shift-add "
             f"{row['shift_add_compiled_ms']:7.3f} ms",
             flush=True,
         )
-    total = {k: sum(r[k] for r in rows) for k in rows[0] if k.endswith("_ms")}
-    print("all 17 layers, ms per step:", {k: round(v, 2) for k, v in total.items()})
+    total = {k: round(sum(r[k] for r in rows), 3) for k in rows[0] if k.endswith("_ms")}
+    print(f"all {len(rows)} layers, ms per step:", total)
+
+
+def write(path: str, rows: list[dict]) -> None:
     env = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
     env["gpu"] = torch.cuda.get_device_name()
-    payload = {
-        "batch": BATCH,
-        "side": SIDE,
-        "iters": ITERS,
-        "env": env,
-        "layers": rows,
-        "total": total,
-    }
-    with open(sys.argv[1], "w") as f:
+    payload = {"batch": BATCH, "side": SIDE, "iters": ITERS, "env": env, "layers": rows}
+    with open(path, "w") as f:
         json.dump(payload, f, indent=1)
 
 

@@ -29,6 +29,7 @@ from paratrain.launch import LaunchConfig
 from paratrain.lm.model import LoraConfig
 from paratrain.models import ModelConfig
 from paratrain.parallel import STRATEGIES, Strategy
+from paratrain.parallel.data_parallel import DDPConfig
 from paratrain.precision import Precision, ScalerConfig
 from paratrain.train_config import LogConfig, TrainConfig
 
@@ -52,6 +53,7 @@ class RunConfig:
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -108,7 +108,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             block.compile(**tc.compile_kwargs())
     elif tc.compile:
         inner = torch.compile(model, **tc.compile_kwargs())
-    model = spec.apply(inner, device, policy)
+    model = spec.apply(inner, device, policy, cfg)
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank
 
@@ -189,7 +189,8 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
                 with gradient_sync(model, enabled=micro == k - 1):
                     with policy.autocast():
                         loss, n_tokens = work.loss(model, batch)
-                        loss = loss / k
+                        if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
+                            loss = loss / k
                     # backward: DDP all-reduces gradient buckets here, overlapped with compute
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach()
@@ -354,9 +355,12 @@ def seed_all(seed: int) -> None:
 
 
 def build_optimizer(params, tc: TrainConfig) -> torch.optim.Optimizer:
+    fused = tc.fused_optimizer or None  # None: PyTorch's default (foreach on CUDA)
     if tc.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
-    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+        return torch.optim.SGD(
+            params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay, fused=fused
+        )
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
 
 
 def lr_at(step: int, total_steps: int, tc: TrainConfig) -> float:

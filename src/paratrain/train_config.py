@@ -15,6 +15,9 @@ class TrainConfig:
     """Run exactly this many optimizer steps (as many epochs as that takes), whatever epochs says."""
     optimizer: Literal["sgd", "adamw"] = "adamw"
     """sgd (with momentum) or adamw."""
+    fused_optimizer: bool = False
+    """The optimizer's fused implementation (one kernel per parameter group and step, fewer
+    launches) instead of PyTorch's default foreach one; same update."""
     lr: float = 1e-3
     """Learning rate (constant, or the peak of the cosine schedule)."""
     momentum: float = 0.9

@@ -54,6 +54,20 @@ def test_sharded_ddp_equals_single_with_world_times_batch(
     )
 
 
+def test_ddp_settings_change_how_not_what(tmp_path, tiny_overrides, single_runs):
+    """Small buckets, gradients as bucket views and a static graph: the same training."""
+    out = train_run(
+        tmp_path,
+        "ddp-settings",
+        tiny_overrides,
+        *("--set", "strategy=ddp-ds", "--set", "data.batch_size=16", "--nproc", "2"),
+        *("--set", "ddp.bucket_cap_mb=0.001", "--set", "ddp.gradient_as_bucket_view=true"),
+        *("--set", "ddp.static_graph=true"),
+    )
+    assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
+    assert read_result(out)["config"]["ddp"]["bucket_cap_mb"] == 0.001
+
+
 def test_ddp_full_is_redundant_single(tmp_path, tiny_overrides, single_runs):
     out = train_run(
         tmp_path,

@@ -117,6 +117,7 @@ BAD = [
         ["--set", "train.compile_options.triton.cudagraphs=yes please"],
         "train.compile_options: triton.cudagraphs takes true or false",
     ),
+    (["--set", "ddp.bucket_cap_mb=0"], "ddp.bucket_cap_mb: must be > 0"),
     (["--set", "train.compile_options=7"], "train.compile_options: expected a group of settings"),
     (
         ["--set", "model.depthwise_conv=shift-add"],

@@ -175,3 +175,29 @@ def test_compile_options_reach_torch_compile(tmp_path, monkeypatch):
     run(tmp_path, "c", extra)
     options = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
     assert seen == [{"options": options}]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_fused_optimizer_makes_the_same_update(tmp_path, optimizer):
+    common = [f"train.optimizer={optimizer}", "train.max_steps=4"]
+    default = run(tmp_path, "default", common)
+    fused = run(tmp_path, "fused", [*common, "train.fused_optimizer=true"])
+    assert max_diff(default, fused) < 1e-5
+
+
+def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
+    import torch.distributed as dist
+    from torch import nn
+
+    from paratrain.parallel.data_parallel import apply_ddp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        cfg = load_config(None, ["ddp.split_compiled_graph=false", "ddp.static_graph=true"])
+        wrapped = apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, cfg)
+        assert torch._dynamo.config.optimize_ddp is False and wrapped.static_graph
+        apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, load_config(None))
+        assert torch._dynamo.config.optimize_ddp is True
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.config.optimize_ddp = True

@@ -23,7 +23,7 @@ SamplerMode = Literal["full", "round-robin", "distributed"]
 @dataclass(frozen=True)
 class StrategySpec:
     apply: Callable[..., torch.nn.Module]
-    """(model, device, precision policy) -> the wrapped or sharded model."""
+    """(model, device, precision policy, run config) -> the wrapped or sharded model."""
     sampler: SamplerMode
     multiprocess: bool
     """Runs one process per device (launched through torchrun)."""

@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
-def apply_single(model: nn.Module, device: torch.device, policy=None) -> nn.Module:
+@dataclass(kw_only=True)
+class DDPConfig:
+    """DistributedDataParallel's settings (strategies ddp-full, ddp-rr, ddp-ds)."""
+
+    bucket_cap_mb: float = 25.0
+    """Gradient bucket size (MiB): a bucket is all-reduced as soon as its gradients are ready, so
+    smaller buckets start communicating earlier in backward, with more calls."""
+    gradient_as_bucket_view: bool = False
+    """Gradients are views into the all-reduce buckets: no copy into and out of them, less memory."""
+    static_graph: bool = False
+    """The model uses the same parameters every step: DDP skips per-step bookkeeping."""
+    split_compiled_graph: bool = True
+    """With train.compile: split the compiled graph at bucket boundaries (TorchDynamo's
+    DDPOptimizer) so the all-reduce of early buckets overlaps the rest of backward. false keeps
+    one graph (more fusion, fewer launches); the all-reduce then waits for the whole backward,
+    which costs little when the gradients are small."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb: must be > 0, got {self.bucket_cap_mb}")
+
+
+def apply_single(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
     return model
 
 
-def apply_dp(model: nn.Module, device: torch.device, policy=None) -> nn.Module:
+def apply_dp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
     # DataParallel replicates the module onto every visible GPU on each forward and gathers the
     # outputs on GPU 0: one Python process drives all GPUs, which is why DDP beats it.
     if device.type != "cuda":
@@ -21,11 +44,20 @@ def apply_dp(model: nn.Module, device: torch.device, policy=None) -> nn.Module:
     return nn.DataParallel(model)
 
 
-def apply_ddp(model: nn.Module, device: torch.device, policy=None) -> nn.Module:
+def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
     # DDP broadcasts rank 0's weights at construction, then all-reduces gradients in buckets
     # during backward, overlapping communication with the rest of the backward pass.
+    ddp = cfg.ddp if cfg is not None else DDPConfig()
+    # Read by TorchDynamo when it first compiles the wrapped model, i.e. on the first step.
+    torch._dynamo.config.optimize_ddp = ddp.split_compiled_graph
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(
+        model,
+        device_ids=ids,
+        bucket_cap_mb=ddp.bucket_cap_mb,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        static_graph=ddp.static_graph,
+    )
 
 
 @contextlib.contextmanager

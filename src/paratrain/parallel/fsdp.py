@@ -27,7 +27,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
         ) from None
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, policy=None) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = pdist.data_parallel_mesh(device)

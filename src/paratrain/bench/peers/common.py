@@ -147,9 +147,12 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
     t = cfg.train
+    fused = t.fused_optimizer or None  # as paratrain's own (train.py)
     if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        return torch.optim.SGD(
+            params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, fused=fused
+        )
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused)
 
 
 def image_loader(
