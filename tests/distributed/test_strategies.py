@@ -62,7 +62,7 @@ def test_ddp_settings_change_how_not_what(tmp_path, tiny_overrides, single_runs)
         tiny_overrides,
         *("--set", "strategy=ddp-ds", "--set", "data.batch_size=16", "--nproc", "2"),
         *("--set", "ddp.bucket_cap_mb=0.001", "--set", "ddp.gradient_as_bucket_view=true"),
-        *("--set", "ddp.static_graph=true"),
+        *("--set", "ddp.static_graph=true", "--set", "ddp.broadcast_buffers=false"),
     )
     assert max_abs_diff(final_weights(out), single_runs[32]) < TOL
     assert read_result(out)["config"]["ddp"]["bucket_cap_mb"] == 0.001

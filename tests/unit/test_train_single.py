@@ -193,9 +193,13 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        cfg = load_config(None, ["ddp.split_compiled_graph=false", "ddp.static_graph=true"])
+        cfg = load_config(
+            None,
+            ["ddp.split_compiled_graph=false", "ddp.static_graph=true", "ddp.broadcast_buffers=no"],
+        )
         wrapped = apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, cfg)
         assert torch._dynamo.config.optimize_ddp is False and wrapped.static_graph
+        assert wrapped.broadcast_buffers is False
         apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, load_config(None))
         assert torch._dynamo.config.optimize_ddp is True
     finally:

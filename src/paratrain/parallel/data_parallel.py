@@ -21,6 +21,10 @@ class DDPConfig:
     """Gradients are views into the all-reduce buckets: no copy into and out of them, less memory."""
     static_graph: bool = False
     """The model uses the same parameters every step: DDP skips per-step bookkeeping."""
+    broadcast_buffers: bool = True
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward, as
+    DDP does by default. false skips that collective (and its per-buffer copies): each rank keeps
+    the statistics of its own batches, which training in train mode does not read."""
     split_compiled_graph: bool = True
     """With train.compile: split the compiled graph at bucket boundaries (TorchDynamo's
     DDPOptimizer) so the all-reduce of early buckets overlaps the rest of backward. false keeps
@@ -57,6 +61,7 @@ def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> 
         bucket_cap_mb=ddp.bucket_cap_mb,
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
+        broadcast_buffers=ddp.broadcast_buffers,
     )
 
 
