@@ -31,6 +31,7 @@ from paratrain.tasks import image as image_task
 from paratrain.tasks import lm as lm_task
 from paratrain.tasks import task_of
 from paratrain.telemetry import GpuSampler
+from paratrain.train_config import build_optimizer
 
 if TYPE_CHECKING:
     from paratrain.config import RunConfig
@@ -352,15 +353,6 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def build_optimizer(params, tc: TrainConfig) -> torch.optim.Optimizer:
-    fused = tc.fused_optimizer or None  # None: PyTorch's default (foreach on CUDA)
-    if tc.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay, fused=fused
-        )
-    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
 
 
 def lr_at(step: int, total_steps: int, tc: TrainConfig) -> float:

@@ -85,6 +85,18 @@ class TrainConfig:
         return {"options": {**list_mode_options(self.compile_mode), **self.compile_options}}
 
 
+def build_optimizer(params, tc: TrainConfig):
+    """The optimizer tc names, for paratrain's loop and the reference programs alike."""
+    import torch
+
+    fused = tc.fused_optimizer or None  # None: PyTorch's default (foreach on CUDA)
+    if tc.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay, fused=fused
+        )
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+
+
 def check_inductor_options(options: dict[str, Any]) -> None:
     """Each name must be one of torch._inductor.config's and its value of the setting's kind, so a
     typo fails at config time in one line rather than at the first compiled step."""

@@ -96,9 +96,14 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
     model = resolve_builder(cfg.name)(num_classes=num_classes, in_channels=in_channels)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
+    apply_depthwise_conv(model, cfg)
+    return model
+
+
+def apply_depthwise_conv(model: nn.Module, cfg: ModelConfig) -> None:
+    """model.depthwise_conv=shift-add: swap the depthwise layers (models/depthwise.py)."""
     if cfg.depthwise_conv == "shift-add":
         from paratrain.models.depthwise import shift_add_depthwise
 
         if shift_add_depthwise(model, cfg.shift_add_min_side) == 0:
             raise UserError(f"model.depthwise_conv: {cfg.name} has no depthwise convolution")
-    return model

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from paratrain import metrics
+from paratrain import metrics, train_config
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import UserError
 
@@ -146,13 +146,7 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 
 def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
-    t = cfg.train
-    fused = t.fused_optimizer or None  # as paratrain's own (train.py)
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, fused=fused
-        )
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused)
+    return train_config.build_optimizer(params, cfg.train)  # the same as paratrain's own
 
 
 def image_loader(

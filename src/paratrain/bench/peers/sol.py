@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.bench.peers import common
+from paratrain.errors import UserError
+from paratrain.models import apply_depthwise_conv
 from paratrain.profiling import StepProfiler
 
 
@@ -33,10 +35,10 @@ def main() -> None:
     layout = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
 
     model = common.build_model(cfg.model.name, source.num_classes)
-    if cfg.model.depthwise_conv == "shift-add":
-        from paratrain.models.depthwise import shift_add_depthwise
-
-        shift_add_depthwise(model, cfg.model.shift_add_min_side)
+    try:
+        apply_depthwise_conv(model, cfg.model)  # as paratrain's models.build_model does
+    except UserError as e:
+        common.fail(str(e))
     model = model.to(device, memory_format=layout)
     if cfg.train.compile:
         # compiled on the first step, inside the warm-up; the same mode paratrain would use
