@@ -115,7 +115,9 @@ def kernel_breakdown(averages, wall_ms: float, steps: int) -> str:
     by_kind: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     for e in averages:
-        if e.device_type == DeviceType.CUDA:
+        # A record_function range (DistributedDataParallel.forward, Optimizer.step) also shows up
+        # on the GPU timeline as a user annotation spanning its kernels: not a kernel itself.
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             by_kind[kernel_kind(e.key)] += e.self_device_time_total / 1000.0 / steps
             calls[kernel_kind(e.key)] += e.count
     busy = sum(by_kind.values())

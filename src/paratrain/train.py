@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from paratrain import dist as pdist
 from paratrain import metrics
@@ -24,7 +25,7 @@ from paratrain.errors import UserError
 from paratrain.lm.model import peak_flops as lm_peak_flops
 from paratrain.parallel import STRATEGIES
 from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
-from paratrain.parallel.data_parallel import gradient_sync, unwrap
+from paratrain.parallel.data_parallel import average_buffers, gradient_sync, unwrap
 from paratrain.precision import build_policy, build_scaler
 from paratrain.profiling import StepProfiler
 from paratrain.tasks import image as image_task
@@ -154,7 +155,16 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     epochs: list[dict[str, Any]] = []
     run_start = time.perf_counter()
 
+    # ddp.broadcast_buffers=false: each rank's BatchNorm statistics drift apart during training;
+    # they are averaged over the ranks whenever the model is evaluated or saved.
+    own_buffers = isinstance(model, DistributedDataParallel) and not model.broadcast_buffers
+
+    def sync_buffers() -> None:
+        if own_buffers:
+            average_buffers(model)
+
     def save() -> None:  # every N steps and at the end: the same state, the same files
+        sync_buffers()
         save_checkpoint(
             ckpt_dir,
             model=unwrap(model),
@@ -236,6 +246,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             state.epoch += 1
             state.step_in_epoch = 0
         if val is not None:
+            sync_buffers()
             record.update(work.evaluate(eval_model, val))
         record["wall_s"] = time.perf_counter() - epoch_wall  # training + evaluation
         epochs.append(record)
@@ -256,6 +267,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     telemetry = pdist.all_gather_object(gpu.stop())
     if cfg.checkpoint.at_end and state.step > start_step:
         save()
+    sync_buffers()
     artifacts = work.finish(model, out_dir) if work.finish is not None else {}
     peak, peak_kind = metrics.peak_memory_bytes(device)
     peak = int(pdist.all_reduce_max(float(peak), device))

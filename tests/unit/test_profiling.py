@@ -27,13 +27,21 @@ def test_kernel_kinds_by_name():
 
 
 def test_breakdown_sums_kernels_per_step_and_ignores_cpu_ops():
-    def row(key, us, count, device=DeviceType.CUDA):
-        return SimpleNamespace(key=key, self_device_time_total=us, count=count, device_type=device)
+    def row(key, us, count, device=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(
+            key=key,
+            self_device_time_total=us,
+            count=count,
+            device_type=device,
+            is_user_annotation=annotation,
+        )
 
     rows = [
         row("triton_poi_fused_0", 3000.0, 6),
         row("sm90_xmma_fprop_implicit_gemm", 5000.0, 2),
         row("aten::convolution", 9000.0, 2, DeviceType.CPU),  # an operator, not a kernel
+        # a record_function range on the GPU timeline (DDP's forward): spans kernels, is none
+        row("DistributedDataParallel.forward", 7000.0, 2, annotation=True),
     ]
     text = kernel_breakdown(rows, wall_ms=8.0, steps=2)  # 8 ms of kernels over 2 steps
     assert "GPU kernel time per step: 4.00 ms (50% of the wall time)" in text

