@@ -85,7 +85,7 @@ def average_buffers(model: nn.Module) -> None:
         dist.all_reduce(flat)  # SUM then divide: gloo has no AVG
         flat /= dist.get_world_size()
         with torch.no_grad():
-            for b, mean in zip(bufs, _unflatten_dense_tensors(flat, bufs)):
+            for b, mean in zip(bufs, _unflatten_dense_tensors(flat, bufs), strict=True):
                 b.copy_(mean)
 
 
