@@ -43,6 +43,6 @@ for f in /tmp/runs*/*/*/profile.txt; do
   cp "$f" "$(dirname "$f")/trace.json.gz" "$d/" 2>/dev/null
   cp "$(dirname "$f")/config.yaml" "$d/"
 done
-for f in /tmp/runs*/*/*/log.txt; do echo "== $f"; grep -iE "error|Traceback|img/s|samples/s|warn" "$f" | tail -6; done >"$OUT/logs.txt" 2>/dev/null
+for f in /tmp/runs*/*/*/log.txt; do echo "== $f"; grep -iE "error|Traceback|img/s|samples/s|warn|cudagraph" "$f" | tail -6; done >"$OUT/logs.txt" 2>/dev/null
 python3 -m paratrain report --db "$OUT/results.db" --out "$OUT/report.md" >/dev/null 2>&1
 grep -A16 -i "speed_levers" "$OUT/report.md" | head -30

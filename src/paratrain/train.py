@@ -157,7 +157,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
 
     # ddp.broadcast_buffers=false: each rank's BatchNorm statistics drift apart during training;
     # they are averaged over the ranks whenever the model is evaluated or saved.
-    own_buffers = isinstance(model, DistributedDataParallel) and not model.broadcast_buffers
+    own_buffers = isinstance(model, DistributedDataParallel) and not cfg.ddp.broadcast_buffers
 
     def sync_buffers() -> None:
         if own_buffers:

@@ -197,11 +197,11 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
             None,
             ["ddp.split_compiled_graph=false", "ddp.static_graph=true", "ddp.broadcast_buffers=no"],
         )
-        wrapped = apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, cfg)
+        wrapped = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), None, cfg)
         assert torch._dynamo.config.optimize_ddp is False and wrapped.static_graph
-        assert wrapped.broadcast_buffers is False
-        apply_ddp(nn.Linear(4, 4), torch.device("cpu"), None, load_config(None))
-        assert torch._dynamo.config.optimize_ddp is True
+        assert not wrapped.will_sync_module_buffers()  # no per-forward buffer sync
+        default = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), None, load_config(None))
+        assert torch._dynamo.config.optimize_ddp is True and default.will_sync_module_buffers()
     finally:
         dist.destroy_process_group()
         torch._dynamo.config.optimize_ddp = True

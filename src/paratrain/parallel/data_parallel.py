@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -57,13 +58,20 @@ def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> 
     # Read by TorchDynamo when it first compiles the wrapped model, i.e. on the first step.
     torch._dynamo.config.optimize_ddp = ddp.split_compiled_graph
     ids = [device.index] if device.type == "cuda" else None
+    # Newer torch names the per-forward buffer sync forward_sync_buffers (and warns on
+    # broadcast_buffers); both still sync at construction, as paratrain wants.
+    sync_kw = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else "broadcast_buffers"
+    )
     return DistributedDataParallel(
         model,
         device_ids=ids,
         bucket_cap_mb=ddp.bucket_cap_mb,
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
-        broadcast_buffers=ddp.broadcast_buffers,
+        **{sync_kw: ddp.broadcast_buffers},
     )
 
 
