@@ -7,6 +7,7 @@ Every rank runs this function; rank 0 alone prints, shows the bar and writes fil
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import random
@@ -50,10 +51,30 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env = pdist.init_distributed(cfg.device, spec.multiprocess)
     try:
-        with sdpa_priority(cfg.train.sdpa_backend):
+        with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
             return _train(cfg, spec, env)
     finally:
         pdist.shutdown()
+
+
+@contextlib.contextmanager
+def gc_schedule(every: int):
+    """train.gc_every_steps: Python's automatic garbage collection off for the run (back on
+    after it, also on an error); the loop collects at fixed steps instead (gc_tick)."""
+    if every <= 0:
+        yield
+        return
+    gc.collect()  # what setup left behind, before the first step
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def gc_tick(every: int, step: int) -> None:
+    if every > 0 and step % every == 0:
+        gc.collect(1)  # the young generations: what a few steps allocate
 
 
 def sdpa_priority(name: str) -> contextlib.AbstractContextManager:
@@ -215,6 +236,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.step_in_epoch += 1
+            gc_tick(tc.gc_every_steps, state.step)
 
             if env.is_main and cfg.log.progress and state.step % cfg.log.every_steps == 0:
                 done = state.step - epoch_first_step

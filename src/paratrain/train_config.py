@@ -51,6 +51,11 @@ class TrainConfig:
     """Deterministic kernels only (torch.use_deterministic_algorithms); for exact reproducibility."""
     warmup_steps: int = 5
     """Steps left out of throughput and step-time measurements (start-up, allocator, cuDNN autotune)."""
+    gc_every_steps: int = 0
+    """Run Python's garbage collector every N optimizer steps, on every rank at the same step,
+    and not otherwise during the loop (torchtitan's gc_freq). Automatic collections fall at
+    different steps on different ranks, and a rank paused in one holds up every rank at the next
+    all-reduce. 0: Python's automatic collection."""
     profile_steps: int = 0
     """Profile this many steps right after warm-up (torch.profiler): profile.txt in the output
     folder, the top operators in result.json. Throughput is measured after them."""
@@ -68,6 +73,8 @@ class TrainConfig:
             raise ValueError(f"grad_accum_steps: must be >= 1, got {self.grad_accum_steps}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.gc_every_steps < 0:
+            raise ValueError(f"gc_every_steps: must be >= 0, got {self.gc_every_steps}")
         if self.profile_steps < 0:
             raise ValueError(f"profile_steps: must be >= 0, got {self.profile_steps}")
         if self.weight_decay < 0:

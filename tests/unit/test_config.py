@@ -79,6 +79,7 @@ BAD = [
     (["--set", "data.bogus=1"], "data.bogus: unknown key"),
     (["--set", "nonsense=1"], "nonsense: unknown key"),
     (["--set", "train.lr=-1"], "train.lr: must be > 0"),
+    (["--set", "train.gc_every_steps=-1"], "train.gc_every_steps: must be >= 0"),
     (["--set", "data.num_workers=-2"], "data.num_workers: must be >= 0"),
     (["--set", "scaler.backoff_factor=2"], "scaler.backoff_factor: must be in (0, 1)"),
     (

@@ -205,3 +205,40 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
     finally:
         dist.destroy_process_group()
         torch._dynamo.config.optimize_ddp = True
+
+
+def test_gc_every_steps_collects_on_schedule_and_changes_nothing(tmp_path, monkeypatch):
+    import gc
+
+    from paratrain import train as train_mod
+
+    default = run(tmp_path, "default", ["train.max_steps=6"])
+    collected, enabled = [], []
+    real_collect = gc.collect
+
+    def spy(generation=2):
+        collected.append(generation)
+        enabled.append(gc.isenabled())
+        return real_collect(generation)
+
+    monkeypatch.setattr(train_mod.gc, "collect", spy)
+    scheduled = run(tmp_path, "scheduled", ["train.max_steps=6", "train.gc_every_steps=2"])
+    assert max_diff(default, scheduled) == 0.0
+    # once before the loop (full), then after steps 2, 4 and 6 (young generations), with
+    # automatic collection off throughout; back on after the run
+    assert collected[0] == 2 and collected[1:].count(1) == 3
+    assert enabled[0] and not any(enabled[1:])
+    assert gc.isenabled()
+
+
+def test_gc_schedule_turns_collection_back_on_after_an_error():
+    import gc
+
+    from paratrain.train import gc_schedule
+
+    with pytest.raises(RuntimeError), gc_schedule(5):
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    with gc_schedule(0):  # 0: Python's own schedule, untouched
+        assert gc.isenabled()
