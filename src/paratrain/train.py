@@ -59,17 +59,21 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def gc_schedule(every: int):
-    """train.gc_every_steps: Python's automatic garbage collection off for the run (back on
-    after it, also on an error); the loop collects at fixed steps instead (gc_tick)."""
-    if every <= 0:
-        yield
-        return
-    gc.collect()  # what setup left behind, before the first step
-    gc.disable()
+    """train.gc_every_steps: the loop turns Python's automatic garbage collection off (gc_pause)
+    and collects at fixed steps instead (gc_tick); it is back as it was after the run, also
+    after an error."""
+    was_enabled = gc.isenabled()
     try:
         yield
     finally:
-        gc.enable()
+        if every > 0 and was_enabled:
+            gc.enable()
+
+
+def gc_pause(every: int) -> None:
+    if every > 0:
+        gc.collect()  # what setup (model, compile, loaders) left behind, before the first step
+        gc.disable()
 
 
 def gc_tick(every: int, step: int) -> None:
@@ -185,7 +189,6 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             average_buffers(model)
 
     def save() -> None:  # every N steps and at the end: the same state, the same files
-        sync_buffers()
         save_checkpoint(
             ckpt_dir,
             model=unwrap(model),
@@ -197,6 +200,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         )
 
     # ================================================================ the loop
+    gc_pause(tc.gc_every_steps)
     while state.step < total_steps:
         work.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * k * loader_batch)
         model.train()
@@ -250,6 +254,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
                 and state.step < total_steps
             ):
                 clock.pause()
+                sync_buffers()
                 save()
                 clock.resume()
         clock.pause()
@@ -287,9 +292,9 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     progress.close()
     profiler.stop()  # a run too short to reach its measured steps
     telemetry = pdist.all_gather_object(gpu.stop())
+    sync_buffers()  # the final state, for the checkpoint and the run's artifacts
     if cfg.checkpoint.at_end and state.step > start_step:
         save()
-    sync_buffers()
     artifacts = work.finish(model, out_dir) if work.finish is not None else {}
     peak, peak_kind = metrics.peak_memory_bytes(device)
     peak = int(pdist.all_reduce_max(float(peak), device))

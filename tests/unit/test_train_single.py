@@ -234,11 +234,13 @@ def test_gc_every_steps_collects_on_schedule_and_changes_nothing(tmp_path, monke
 def test_gc_schedule_turns_collection_back_on_after_an_error():
     import gc
 
-    from paratrain.train import gc_schedule
+    from paratrain.train import gc_pause, gc_schedule
 
     with pytest.raises(RuntimeError), gc_schedule(5):
+        gc_pause(5)
         assert not gc.isenabled()
         raise RuntimeError("boom")
     assert gc.isenabled()
     with gc_schedule(0):  # 0: Python's own schedule, untouched
+        gc_pause(0)
         assert gc.isenabled()
