@@ -91,6 +91,11 @@ class RunConfig:
             raise ValueError(
                 "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
             )
+        if self.ddp.gradient_compression != "none" and not self.strategy.startswith("ddp"):
+            raise ValueError(
+                f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
+                f"{self.strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
+            )
         if self.model.depthwise_conv == "shift-add" and not self.train.compile:
             raise ValueError(
                 "model.depthwise_conv: shift-add is written for torch.compile to fuse (eagerly "

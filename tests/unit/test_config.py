@@ -80,6 +80,11 @@ BAD = [
     (["--set", "nonsense=1"], "nonsense: unknown key"),
     (["--set", "train.lr=-1"], "train.lr: must be > 0"),
     (["--set", "train.gc_every_steps=-1"], "train.gc_every_steps: must be >= 0"),
+    (
+        ["--set", "strategy=fsdp", "--set", "ddp.gradient_compression=bf16"],
+        "ddp.gradient_compression: compresses DDP's all-reduce; strategy fsdp has none",
+    ),
+    (["--set", "ddp.powersgd_start_step=1"], "ddp.powersgd_start_step: must be >= 2"),
     (["--set", "data.num_workers=-2"], "data.num_workers: must be >= 0"),
     (["--set", "scaler.backoff_factor=2"], "scaler.backoff_factor: must be in (0, 1)"),
     (
