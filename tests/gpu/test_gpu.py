@@ -175,3 +175,21 @@ def test_comm_on_nccl(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert result["backend"] == "nccl" and len(result["rows"]) == 5 * 11
     assert all(r["busbw_gbps"] > 0 for r in result["rows"])
+
+
+@two_gpus
+@pytest.mark.parametrize("kind", ["bf16", "powersgd"])
+def test_compressed_all_reduce_over_nccl(tmp_path, kind):
+    """ddp.gradient_compression's hooks on NCCL: close to the uncompressed run, not equal."""
+    common = [*GPU_RUN, "--set", "train.max_steps=8", "--set", "train.eval=false"]
+    common += ["--set", "strategy=ddp-ds", "--nproc", "2", "--set", "train.deterministic=true"]
+    run_cli(["run", *common, "--output-dir", tmp_path / "exact"])
+    extra = ["--set", "ddp.powersgd_start_step=2"] if kind == "powersgd" else []
+    run_cli(
+        ["run", *common, "--set", f"ddp.gradient_compression={kind}", *extra]
+        + ["--output-dir", tmp_path / kind]
+    )
+    a, b = final_weights(tmp_path / "exact"), final_weights(tmp_path / kind)
+    diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert 1e-6 < diff < 1e-1, diff
+    assert read_result(tmp_path / kind)["backend"] == "nccl"
