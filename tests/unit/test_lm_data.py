@@ -161,3 +161,9 @@ def test_packed_examples_do_not_attend_to_each_other():
         joined = model(input_ids=torch.tensor([a + b])).logits[0]  # no resets: b sees a
     torch.testing.assert_close(packed[5:9], alone, atol=1e-5, rtol=1e-5)
     assert (joined[5:9] - alone).abs().max() > 1e-3
+
+
+def test_float8_batches_are_padded_to_a_multiple_of_16():
+    batch = lmdata.Collate(9, packed=False, multiple=16)([([1, 2, 3], [-100, 2, 3]), ([4], [4])])
+    assert batch["input_ids"].shape == (2, 16) and batch["num_tokens"].item() == 4
+    assert batch["labels"][:, 3:].eq(-100).all() and batch["attention_mask"].sum().item() == 4

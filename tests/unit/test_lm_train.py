@@ -302,3 +302,15 @@ def test_compiled_fp8_layers_skip_the_frozen_weights_gradient():
         return sum(e.count for e in prof.key_averages() if "scaled_mm" in e.key)
 
     assert matmuls(compiled=False) == 6 and matmuls(compiled=True) == 4
+
+
+def test_fp8_with_packed_rows_needs_max_length_a_multiple_of_16(tmp_path):
+    import pytest
+
+    from paratrain.errors import UserError
+
+    data = write_alpaca(tmp_path / "alpaca.json")
+    settings = ["model.fp8=rowwise", "data.packing=true", "data.max_length=250"]
+    cfg = load_config(None, lm_settings(data) + settings + [f"output_dir={tmp_path}"])
+    with pytest.raises(UserError, match="data.max_length: 250 is not a multiple of 16"):
+        train(cfg)

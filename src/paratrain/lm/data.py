@@ -134,11 +134,15 @@ class TokenRows(Dataset):
 
 @dataclass
 class Collate:
-    """Pads unpacked examples to the longest in the batch (right, attention mask); packed rows
-    are already max_length and carry position ids instead of a mask."""
+    """Pads unpacked examples to the longest in the batch (right, attention mask), rounded up to
+    a multiple of `multiple`; packed rows are already max_length and carry position ids instead
+    of a mask."""
 
     pad_id: int
     packed: bool
+    # float8 matmuls (torch._scaled_mm) need every dimension a multiple of 16, and the backward's
+    # weight gradient contracts over the batch's tokens: model.fp8 pads the width to 16.
+    multiple: int = 1
 
     def __call__(self, batch):
         if self.packed:
@@ -150,6 +154,7 @@ class Collate:
                 "num_tokens": torch.tensor(sum(n_real)),
             }
         width = max(len(ids) for ids, _ in batch)
+        width = -(-width // self.multiple) * self.multiple
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -68,6 +68,11 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
     examples = _examples(cfg, tokenizer, model.config.vocab_size)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
     val_ex, train_ex = examples[:n_val], examples[n_val:]
+    if d.packing and m.fp8 != "none" and d.max_length % 16:
+        raise UserError(  # packed rows are max_length wide; float8 matmuls need multiples of 16
+            f"data.max_length: {d.max_length} is not a multiple of 16, which model.fp8 needs "
+            "with data.packing"
+        )
     if d.packing:
         train_rows = lmdata.pack(train_ex, d.max_length, tokenizer.pad_token_id)
         val_rows = lmdata.pack(val_ex, d.max_length, tokenizer.pad_token_id)
@@ -79,7 +84,7 @@ def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int)
             f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
             f"rank ({loader_batch} x {env.world_size})"
         )
-    collate = lmdata.Collate(tokenizer.pad_token_id, d.packing)
+    collate = lmdata.Collate(tokenizer.pad_token_id, d.packing, 16 if m.fp8 != "none" else 1)
     pin = d.pin_memory and env.device.type == "cuda"
     sampler = EpochSampler(
         build_sampler(
