@@ -1,5 +1,7 @@
 """The report's arithmetic and layouts on hand-made rows."""
 
+import dataclasses
+
 import pytest
 
 from paratrain.bench import arith
@@ -299,3 +301,30 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
         load_sweep(path, only=["fsdq"])
     with pytest.raises(ConfigError, match="--repeats"):
         load_sweep(path, repeats=0)
+
+
+def test_the_fastest_recipe_is_what_the_speed_sweep_measured():
+    """recipes/mnist_sample_mobilenetv2_fastest.yaml is the speed sweep's "paratrain fastest"
+    (the README quotes its numbers): same resolved config but for the sweep's short-run keys."""
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep
+
+    (run,) = [
+        r
+        for r in load_sweep(RECIPES / "bench" / "speed.yaml").runs
+        if r.label == "paratrain fastest" and r.params["launch.nproc"] == 1
+    ]
+    measured = dataclasses.asdict(run.config)
+    recipe = dataclasses.asdict(load_config(RECIPES / "mnist_sample_mobilenetv2_fastest.yaml"))
+    # the sweep's short runs: 60 steps, no evaluation, no checkpoint, no progress bar
+    short_run = {"train.max_steps", "train.warmup_steps", "train.eval", "checkpoint.at_end"}
+    short_run.add("launch.nproc")  # the sweep's axis; --nproc on the command line
+    differ = [
+        f"{section}.{key}"
+        for section, values in measured.items()
+        if isinstance(values, dict) and section != "log"
+        for key in values
+        if recipe[section][key] != values[key] and f"{section}.{key}" not in short_run
+    ]
+    assert differ == []
