@@ -246,8 +246,9 @@ CLOCK_NOTE = (
 
 
 SOL_NOTE = (
-    "% of speed of light: per GPU, against the speed-of-light row of the same model and "
-    "precision, or the fastest speed-of-light row of the model when none has that precision."
+    "% of speed of light: per GPU, against the fastest speed-of-light row of the same model and "
+    "precision, or of the model when none has that precision. Over 100%: the row has a lever "
+    "that speed-of-light row lacks (CUDA graphs, say)."
 )
 
 
