@@ -1,6 +1,7 @@
 """Checkpoint and resume for data-parallel runs.
 
-Every rank holds the same weights under DDP, so rank 0 writes one file with the model,
+Every rank holds the same weights under DDP (FSDP's shards and a pipeline's stages are gathered
+to rank 0 first), so rank 0 writes one file with the whole model,
 optimizer and scaler state, the loop position (step, epoch, step within the epoch) and the RNG
 state of EVERY rank (gathered), so a resumed run continues bit-for-bit in deterministic mode.
 The file is written under a temporary name and renamed: os.replace is atomic on POSIX, so a
@@ -97,8 +98,39 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """Whole (unsharded) model and optimizer state, on rank 0's CPU; collective under FSDP.
+def _merge_parts(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """Pipeline stages' disjoint (model, optimizer) state dicts -> the whole model's. Optimizer
+    state is keyed by parameter name, so groups merge by concatenating their names."""
+    model_state: dict[str, Any] = {}
+    optim_state: dict[str, Any] = {"state": {}, "param_groups": []}
+    for m, o in parts:
+        model_state.update(m)
+        optim_state["state"].update(o["state"])
+        for i, group in enumerate(o["param_groups"]):
+            if i == len(optim_state["param_groups"]):
+                optim_state["param_groups"].append({**group, "params": []})
+            optim_state["param_groups"][i]["params"] += list(group["params"])
+    return model_state, optim_state
+
+
+def _own_part(model: torch.nn.Module, model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+    """The whole model's state dicts -> what this pipeline stage holds."""
+    mine = set(model.state_dict())
+    groups = [
+        {**g, "params": [n for n in g["params"] if n in mine]} for g in optim_state["param_groups"]
+    ]
+    return (
+        {k: v for k, v in model_state.items() if k in mine},
+        {
+            "state": {k: v for k, v in optim_state["state"].items() if k in mine},
+            "param_groups": groups,
+        },
+    )
+
+
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pipelined: bool):
+    """Whole (unsharded) model and optimizer state, on rank 0's CPU; collective under FSDP and
+    for a pipeline (each stage's part gathered to rank 0).
 
     torch.distributed.checkpoint.state_dict gives one format for plain, DDP and FSDP2 models. A
     model with frozen weights (LoRA) saves only what trains: the base is rebuilt from its source
@@ -107,6 +139,11 @@ def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     frozen = any(not p.requires_grad for p in model.parameters())
+    if pipelined:
+        local = get_state_dict(model, optimizer, options=StateDictOptions(cpu_offload=True))
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, local)
+        return _merge_parts(parts)
     options = StateDictOptions(
         full_state_dict=True, cpu_offload=dist.is_initialized(), ignore_frozen_params=frozen
     )
@@ -122,9 +159,10 @@ def save_checkpoint(
     state: LoopState,
     device: torch.device,
     keep: int,
+    pipelined: bool = False,
 ) -> Path | None:
     """Collective: every rank must call it. Returns the path on rank 0."""
-    model_state, optim_state = _state_dicts(model, optimizer)
+    model_state, optim_state = _state_dicts(model, optimizer, pipelined)
     rngs = [rng_state(device)]
     if dist.is_initialized():
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -160,11 +198,16 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scaler: Any,
     device: torch.device,
+    pipelined: bool = False,
 ) -> LoopState:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     payload = torch.load(path, map_location="cpu", weights_only=False)
     frozen = any(not p.requires_grad for p in model.parameters())
+    if pipelined:  # the file holds the whole model; a stage takes its part
+        payload["model"], payload["optimizer"] = _own_part(
+            model, payload["model"], payload["optimizer"]
+        )
     # Every rank read the same file; each takes its shard (FSDP) or the whole (DDP, single).
     # strict=False only where frozen weights were left out of the file on purpose.
     set_state_dict(

@@ -30,6 +30,7 @@ from paratrain.lm.model import LoraConfig
 from paratrain.models import ModelConfig
 from paratrain.parallel import STRATEGIES, Strategy
 from paratrain.parallel.data_parallel import DDPConfig
+from paratrain.parallel.pipeline import PipelineConfig
 from paratrain.precision import Precision, ScalerConfig
 from paratrain.train_config import LogConfig, TrainConfig
 
@@ -39,7 +40,7 @@ class RunConfig:
     name: str = "run"
     """Run name; used in the default output directory and in reports."""
     strategy: Strategy = "single"
-    """How the work is spread: single, dp, ddp-full, ddp-rr, ddp-ds (see README)."""
+    """How the work is spread: single, dp, ddp-full, ddp-rr, ddp-ds, fsdp, pipeline (see README)."""
     precision: Precision = "fp32"
     """Arithmetic: fp64, fp32 (IEEE), tf32 (CUDA tensor cores), fp16 (autocast + GradScaler), bf16 (autocast)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -54,6 +55,7 @@ class RunConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -96,10 +98,34 @@ class RunConfig:
                 f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
                 f"{self.strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
             )
+        if self.strategy == "pipeline":
+            self._check_pipeline()
         if self.model.depthwise_conv == "shift-add" and not self.train.compile:
             raise ValueError(
                 "model.depthwise_conv: shift-add is written for torch.compile to fuse (eagerly "
                 "it is slower than native); set train.compile=true"
+            )
+
+    def _check_pipeline(self) -> None:
+        """What strategy=pipeline does not do (yet): one line each, before anything runs."""
+        mb = self.pipeline.microbatches
+        if self.data.source in TEXT_SOURCES:
+            raise ValueError("strategy: pipeline cuts image models; use ddp-ds or fsdp for text")
+        if self.train.compile:
+            raise ValueError("train.compile: not with strategy=pipeline yet; set it false")
+        if self.precision == "fp16":
+            raise ValueError(
+                "precision: fp16's loss scaling is not wired through pipeline stages; use bf16"
+            )
+        if self.train.grad_accum_steps > 1:
+            raise ValueError(
+                "train.grad_accum_steps: a pipeline accumulates over its micro-batches already; "
+                "set pipeline.microbatches instead"
+            )
+        if self.data.batch_size % mb:
+            raise ValueError(
+                f"pipeline.microbatches: data.batch_size {self.data.batch_size} does not divide "
+                f"into {mb} equal micro-batches"
             )
 
     def to_dict(self) -> dict[str, Any]:

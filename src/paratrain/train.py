@@ -27,6 +27,7 @@ from paratrain.lm.model import peak_flops as lm_peak_flops
 from paratrain.parallel import STRATEGIES
 from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
 from paratrain.parallel.data_parallel import average_buffers, gradient_sync, unwrap
+from paratrain.parallel.pipeline import build_pipeline
 from paratrain.precision import build_policy, build_scaler
 from paratrain.profiling import StepProfiler
 from paratrain.tasks import image as image_task
@@ -140,6 +141,8 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
         inner = torch.compile(model, **tc.compile_kwargs())
     model = spec.apply(inner, device, policy, cfg)
     eval_model = inner if spec.multiprocess else model  # DDP's forward is a collective: skip it
+    # strategy=pipeline: this rank keeps its stage of the model; a schedule runs the micro-batches
+    pipe = build_pipeline(model, device, cfg) if spec.pipelined else None
     seed_all(cfg.seed + env.rank)  # from here, dropout and friends differ per rank
 
     params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -158,13 +161,20 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
     if cfg.checkpoint.resume:
         path = resolve_resume(cfg.checkpoint.resume)
         state = load_checkpoint(
-            path, model=unwrap(model), optimizer=optimizer, scaler=scaler, device=device
+            path,
+            model=unwrap(model),
+            optimizer=optimizer,
+            scaler=scaler,
+            device=device,
+            pipelined=spec.pipelined,
         )
         log(env, f"resumed from {path} at step {state.step} (epoch {state.epoch})")
 
-    # Samples per optimizer step: processed by all ranks, and unique (ddp-full repeats them).
-    processed_per_step = loader_batch * k * env.world_size
-    unique_per_step = loader_batch * k * (1 if spec.redundant else env.world_size)
+    # Samples per optimizer step: processed by all ranks, and unique (ddp-full repeats them). A
+    # pipeline's ranks are one model: they process each batch together, once.
+    replicas = 1 if spec.pipelined else env.world_size
+    processed_per_step = loader_batch * k * replicas
+    unique_per_step = loader_batch * k * (1 if spec.redundant else replicas)
     val = work.val if tc.eval else None
     label = f"{cfg.strategy} x{env.world_size} {cfg.precision}" + (
         " [redundant data]" if spec.redundant else ""
@@ -200,6 +210,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             state=state,
             device=device,
             keep=cfg.checkpoint.keep,
+            pipelined=spec.pipelined,
         )
 
     # ================================================================ the loop
@@ -221,7 +232,12 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
                 tokens_at_warm = tokens.clone()
                 gpu.start()
             set_lr(optimizer, lr_at(state.step, total_steps, tc))
-            for micro in range(k):
+            if pipe is not None:  # forward and backward of every micro-batch, stage by stage
+                with policy.autocast():
+                    loss = pipe.train_step(next(batches))
+                if loss is not None:  # the last stage's
+                    loss_sum += loss
+            for micro in range(k if pipe is None else 0):
                 batch = next(batches)
                 # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
                 # or reduce-scatters (FSDP).
@@ -248,7 +264,9 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             if env.is_main and cfg.log.progress and state.step % cfg.log.every_steps == 0:
                 done = state.step - epoch_first_step
                 rate = unique_per_step * done / max(clock.elapsed() - epoch_clock, 1e-9)
-                progress.update(state.step, rate, loss_sum.item() / done)
+                # a pipeline's loss lives on its last stage, not on rank 0 which draws the bar
+                shown = loss_sum.item() / done if pipe is None or pipe.last else None
+                progress.update(state.step, rate, shown)
             else:
                 progress.update(state.step)
             if (
@@ -269,7 +287,7 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             "epoch": state.epoch,
             "steps": epoch_steps,
             "train_s": train_s,
-            "train_loss": loss_total / env.world_size / max(epoch_steps, 1),
+            "train_loss": loss_total / replicas / max(epoch_steps, 1),
             "unique_samples_per_s": unique_per_step * epoch_steps / max(train_s, 1e-9),
         }
         if state.step_in_epoch >= steps_per_epoch:
@@ -277,7 +295,10 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
             state.step_in_epoch = 0
         if val is not None:
             sync_buffers()
-            record.update(work.evaluate(eval_model, val))
+            if pipe is not None:
+                record.update(pipe.evaluate(eval_model, val, policy.autocast, loader_batch))
+            else:
+                record.update(work.evaluate(eval_model, val))
         record["wall_s"] = time.perf_counter() - epoch_wall  # training + evaluation
         epochs.append(record)
         if env.is_main:

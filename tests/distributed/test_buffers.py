@@ -30,6 +30,10 @@ SCRIPT = textwrap.dedent(
     assert bn.num_batches_tracked.item() == 7  # integer buffers are left alone
     sys.stdout.write(f"averaged on rank {rank}\\n")  # one write: the ranks share the pipe
     sys.stdout.flush()
+    # DDP's reducer holds the process group: drop it first, or a rank's exit can race the
+    # group's teardown (seen once: "terminate called without an active exception", SIGABRT)
+    del model
+    dist.barrier()
     dist.destroy_process_group()
     """
 )

@@ -193,3 +193,21 @@ def test_compressed_all_reduce_over_nccl(tmp_path, kind):
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert 1e-6 < diff < 1e-1, diff
     assert read_result(tmp_path / kind)["backend"] == "nccl"
+
+
+@two_gpus
+def test_pipeline_over_nccl_matches_single_gpu(tmp_path):
+    """strategy=pipeline on 2 GPUs: activations and their gradients cross between the GPUs by
+    NCCL send/recv; the update equals one GPU's on the whole batch (the tiny CNN, fp32)."""
+    common = [*GPU_RUN, "--set", "train.max_steps=8", "--set", "train.eval=true"]
+    run_cli(["run", *common, "--output-dir", tmp_path / "single"])
+    run_cli(
+        ["run", *common, "--set", "strategy=pipeline", "--nproc", "2"]
+        + ["--set", "pipeline.microbatches=4", "--output-dir", tmp_path / "pipe"]
+    )
+    r = read_result(tmp_path / "pipe")
+    assert r["backend"] == "nccl" and r["world_size"] == 2
+    a, b = final_weights(tmp_path / "pipe"), final_weights(tmp_path / "single")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    single_acc = read_result(tmp_path / "single")["summary"]["val_accuracy"]
+    assert abs(r["summary"]["val_accuracy"] - single_acc) < 0.01

@@ -124,6 +124,24 @@ BAD = [
         "train.compile_options: triton.cudagraphs takes true or false",
     ),
     (["--set", "ddp.bucket_cap_mb=0"], "ddp.bucket_cap_mb: must be > 0"),
+    (
+        ["--set", "strategy=pipeline", "--set", "train.compile=true"],
+        "train.compile: not with strategy=pipeline yet",
+    ),
+    (
+        ["--set", "strategy=pipeline", "--set", "precision=fp16"],
+        "precision: fp16's loss scaling is not wired through pipeline stages",
+    ),
+    (
+        ["--set", "strategy=pipeline", "--set", "train.grad_accum_steps=2"],
+        "train.grad_accum_steps: a pipeline accumulates over its micro-batches already",
+    ),
+    (
+        ["--set", "strategy=pipeline", "--set", "data.batch_size=30"],
+        "pipeline.microbatches: data.batch_size 30 does not divide into 4",
+    ),
+    (["--set", "pipeline.microbatches=0"], "pipeline.microbatches: must be >= 1"),
+    (["--set", "pipeline.schedule=zb"], "pipeline.schedule: got 'zb'; accepted: gpipe, 1f1b"),
     (["--set", "train.compile_options=7"], "train.compile_options: expected a group of settings"),
     (
         ["--set", "model.depthwise_conv=shift-add"],

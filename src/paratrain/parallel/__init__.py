@@ -16,7 +16,7 @@ import torch
 from paratrain.parallel.data_parallel import apply_ddp, apply_dp, apply_single
 from paratrain.parallel.fsdp import apply_fsdp
 
-Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds", "fsdp"]
+Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds", "fsdp", "pipeline"]
 SamplerMode = Literal["full", "round-robin", "distributed"]
 
 
@@ -29,6 +29,9 @@ class StrategySpec:
     """Runs one process per device (launched through torchrun)."""
     redundant: bool = False
     """Every rank sees the whole data set: only 1/world of the samples processed are unique."""
+    pipelined: bool = False
+    """The ranks are stages of one model: every rank reads the same batches, each sample is
+    processed once (by all stages together)."""
     doc: str = ""
 
 
@@ -64,5 +67,13 @@ STRATEGIES: dict[str, StrategySpec] = {
         "distributed",
         True,
         doc="FSDP2: fully_shard per block; weights, gradients and optimizer state sharded over ranks",
+    ),
+    "pipeline": StrategySpec(
+        apply_single,  # the cut into stages and the schedule: parallel/pipeline.py, in train.py
+        "full",
+        True,
+        pipelined=True,
+        doc="pipeline parallelism: the model cut into one stage per rank, micro-batches on a "
+        "GPipe or 1F1B schedule",
     ),
 }

@@ -13,11 +13,14 @@ from paratrain.tasks import Workload
 
 
 def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int) -> Workload:
+    # A pipeline's stages all read the same batches (the first uses the images, the last the
+    # labels), the held-out ones too: its data is one replica's.
+    pipelined = cfg.strategy == "pipeline"
     data = build_data(
         cfg.data,
         sampler_mode=sampler_mode,
-        rank=env.rank,
-        world=env.world_size,
+        rank=0 if pipelined else env.rank,
+        world=1 if pipelined else env.world_size,
         seed=cfg.seed,
         device=env.device,
         loader_batch=loader_batch,
