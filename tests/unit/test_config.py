@@ -141,6 +141,10 @@ BAD = [
         "pipeline.microbatches: data.batch_size 30 does not divide into 4",
     ),
     (["--set", "pipeline.microbatches=0"], "pipeline.microbatches: must be >= 1"),
+    (
+        ["--set", "pipeline.boundaries=[5, 3]"],
+        "pipeline.boundaries: must be increasing block indices >= 1, got [5, 3]",
+    ),
     (["--set", "pipeline.schedule=zb"], "pipeline.schedule: got 'zb'; accepted: gpipe, 1f1b"),
     (["--set", "train.compile_options=7"], "train.compile_options: expected a group of settings"),
     (

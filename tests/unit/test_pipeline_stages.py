@@ -16,21 +16,41 @@ def test_stage_ranges_are_consecutive_and_near_equal():
     assert [len(r) for r in stage_ranges(20, 4)] == [5, 5, 5, 5]
     with pytest.raises(UserError, match="3 pipeline stages but the model has only 2 blocks"):
         stage_ranges(2, 3)
+    assert [list(r) for r in stage_ranges(5, 2, [1])] == [[0], [1, 2, 3, 4]]
+    assert [len(r) for r in stage_ranges(20, 3, [4, 12])] == [4, 8, 8]
+    with pytest.raises(UserError, match="pipeline.boundaries: 3 stages need 2 increasing"):
+        stage_ranges(20, 3, [4])
+    with pytest.raises(UserError, match="indices below 20, got \\[4, 20\\]"):
+        stage_ranges(20, 3, [4, 20])
 
 
-@pytest.mark.parametrize(
-    ("name", "stages"), [("mobilenet_v2", 3), ("resnet50", 2), ("tiny_cnn", 2)]
-)
-def test_stages_in_a_row_equal_the_whole_model(name, stages):
+CUTS = [
+    ("mobilenet_v2", 3, False),
+    ("mobilenet_v2", 2, True),
+    ("resnet50", 2, False),
+    ("tiny_cnn", 2, True),
+]
+
+
+@pytest.mark.parametrize(("name", "stages", "channels_last"), CUTS)
+def test_stages_in_a_row_equal_the_whole_model(name, stages, channels_last):
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=name), num_classes=10, in_channels=1).eval()
     x = torch.randn(2, 1, 64, 64)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
     with torch.no_grad():
         expected = model(x)
-        parts = [make_stage(copy.deepcopy(model), s, stages) for s in range(stages)]
+        parts = [
+            make_stage(copy.deepcopy(model), s, stages, channels_last=channels_last)
+            for s in range(stages)
+        ]
         out = x
-        for part in parts:
+        for part in parts[:-1]:
             out = part(out)
+            assert out.is_contiguous()  # what a stage sends: a whole tensor (NHWC if channels_last)
+        out = parts[-1](out)
     torch.testing.assert_close(out, expected)
     names = [set(p.state_dict()) for p in parts]
     assert set().union(*names) == set(model.state_dict())  # all of it, under the same names

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -37,10 +37,17 @@ class PipelineConfig:
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     """gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
     1f1b: one forward, one backward in turn once the pipe is full (at most `stages` held)."""
+    boundaries: list[int] = field(default_factory=list)
+    """Block indices where stages 2, 3, ... begin (one fewer than the stages), to balance the
+    stages' compute by hand: MobileNetV2's early blocks work on large images with few weights.
+    Empty: near-equal block counts."""
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise ValueError(f"microbatches: must be >= 1, got {self.microbatches}")
+        b = self.boundaries
+        if any(x < 1 for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+            raise ValueError(f"boundaries: must be increasing block indices >= 1, got {b}")
 
 
 def _head_forward(model: nn.Module) -> Callable:
@@ -77,12 +84,21 @@ def blocks_of(model: nn.Module) -> list[tuple[nn.Module, str, str | None]]:
     return chain
 
 
-def stage_ranges(n_blocks: int, stages: int) -> list[range]:
-    """Consecutive, near-equal runs of blocks, one per stage (the earlier stages one longer)."""
+def stage_ranges(n_blocks: int, stages: int, boundaries: list[int] | None = None) -> list[range]:
+    """Consecutive runs of blocks, one per stage: cut at `boundaries`, else near-equal (the
+    earlier stages one longer)."""
     if stages > n_blocks:
         raise UserError(
             f"launch.nproc: {stages} pipeline stages but the model has only {n_blocks} blocks"
         )
+    if boundaries:
+        if len(boundaries) != stages - 1 or boundaries[-1] >= n_blocks:
+            raise UserError(
+                f"pipeline.boundaries: {stages} stages need {stages - 1} increasing block "
+                f"indices below {n_blocks}, got {boundaries}"
+            )
+        edges = [0, *boundaries, n_blocks]
+        return [range(a, b) for a, b in zip(edges, edges[1:], strict=False)]
     base, extra = divmod(n_blocks, stages)
     out, start = [], 0
     for s in range(stages):
@@ -92,11 +108,21 @@ def stage_ranges(n_blocks: int, stages: int) -> list[range]:
     return out
 
 
-def make_stage(model: nn.Module, stage: int, stages: int) -> nn.Module:
+def make_stage(
+    model: nn.Module,
+    stage: int,
+    stages: int,
+    boundaries: list[int] | None = None,
+    channels_last: bool = False,
+) -> nn.Module:
     """Turns `model` (in place) into stage `stage`: other stages' blocks become nn.Identity and
-    forward runs this stage's blocks only. Parameter names stay the full model's."""
+    forward runs this stage's blocks only. Parameter names stay the full model's.
+
+    Stages send whole (contiguous) tensors. A channels_last activation is not contiguous in
+    NCHW order, but its NHWC permutation is: a stage hands that on, and the next stage permutes
+    back to a channels_last NCHW view, so neither side copies."""
     chain = blocks_of(model)
-    mine = stage_ranges(len(chain), stages)[stage]
+    mine = stage_ranges(len(chain), stages, boundaries)[stage]
     head_fn = types.MethodType(_head_forward(model), model)
     runs: list[Callable] = []
     for i, (parent, attr, item) in enumerate(chain):
@@ -122,8 +148,12 @@ def make_stage(model: nn.Module, stage: int, stages: int) -> nn.Module:
                 container[int(item)] = nn.Identity()
 
     def forward(self, x):
+        if channels_last and stage > 0:
+            x = x.permute(0, 3, 1, 2)  # NHWC as sent -> an NCHW view in channels_last layout
         for run in runs:
             x = run(x)
+        if channels_last and stage < stages - 1:
+            x = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
         return x
 
     model.forward = types.MethodType(forward, model)
@@ -138,6 +168,7 @@ class Pipeline:
     schedule: Any
     stage: int
     stages: int
+    device: torch.device
 
     @property
     def first(self) -> bool:
@@ -187,7 +218,7 @@ class Pipeline:
                 else:
                     self.schedule.eval()
         model.train()
-        c, n = pdist.all_reduce_sum([correct, float(total)], x.device)
+        c, n = pdist.all_reduce_sum([correct, float(total)], self.device)
         return {"val_accuracy": c / max(n, 1)}
 
 
@@ -199,9 +230,9 @@ def build_pipeline(model: nn.Module, device: torch.device, cfg) -> Pipeline:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
         raise UserError("strategy: pipeline needs at least 2 processes (one per stage)")
-    make_stage(model, rank, world)
+    make_stage(model, rank, world, cfg.pipeline.boundaries, cfg.train.channels_last)
     stage = PipelineStage(model, rank, world, device)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
     loss_fn = lambda out, y: F.cross_entropy(out, y)  # noqa: E731  (per micro-batch, mean)
     schedule = kind(stage, n_microbatches=cfg.pipeline.microbatches, loss_fn=loss_fn)
-    return Pipeline(schedule, rank, world)
+    return Pipeline(schedule, rank, world, device)
