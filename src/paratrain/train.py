@@ -237,20 +237,21 @@ def _train(cfg: RunConfig, spec, env: pdist.DistEnv) -> dict[str, Any]:
                     loss = pipe.train_step(next(batches))
                 if loss is not None:  # the last stage's
                     loss_sum += loss
-            for micro in range(k if pipe is None else 0):
-                batch = next(batches)
-                # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
-                # or reduce-scatters (FSDP).
-                with gradient_sync(model, enabled=micro == k - 1):
-                    with policy.autocast():
-                        loss, n_tokens = work.loss(model, batch)
-                        if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
-                            loss = loss / k
-                    # backward: DDP all-reduces gradient buckets here, overlapped with compute
-                    (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach()
-                if n_tokens is not None:
-                    tokens += n_tokens
+            else:
+                for micro in range(k):
+                    batch = next(batches)
+                    # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
+                    # or reduce-scatters (FSDP).
+                    with gradient_sync(model, enabled=micro == k - 1):
+                        with policy.autocast():
+                            loss, n_tokens = work.loss(model, batch)
+                            if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
+                                loss = loss / k
+                        # backward: DDP all-reduces gradient buckets here, overlapped with compute
+                        (scaler.scale(loss) if scaler else loss).backward()
+                    loss_sum += loss.detach()
+                    if n_tokens is not None:
+                        tokens += n_tokens
             if scaler is not None:
                 scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
                 scaler.update()  # ... and then the scale backs off
