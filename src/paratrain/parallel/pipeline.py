@@ -69,18 +69,17 @@ def _stem_forward(m, x):  # ResNet's layers before layer1
     return m.maxpool(m.relu(m.bn1(m.conv1(x))))
 
 
-def blocks_of(model: nn.Module) -> list[tuple[nn.Module, str, str | None]]:
-    """The model's forward as a chain of blocks: (parent module, attribute, item or None)."""
+def blocks_of(model: nn.Module) -> list[tuple[str, int | None]]:
+    """The model's forward as a chain of blocks: (attribute of the model, index in it or None)."""
     _head_forward(model)  # raises for a model it does not know
-    chain: list[tuple[nn.Module, str, str | None]] = []
+    chain: list[tuple[str, int | None]] = []
     if isinstance(getattr(model, "features", None), nn.Sequential):
-        chain += [(model, "features", str(i)) for i in range(len(model.features))]
+        chain += [("features", i) for i in range(len(model.features))]
     else:  # ResNet
-        chain.append((model, "_stem", None))
+        chain.append(("_stem", None))
         for i in range(1, 5):
-            layer = getattr(model, f"layer{i}")
-            chain += [(model, f"layer{i}", str(j)) for j in range(len(layer))]
-    chain.append((model, "_head", None))
+            chain += [(f"layer{i}", j) for j in range(len(getattr(model, f"layer{i}")))]
+    chain.append(("_head", None))
     return chain
 
 
@@ -125,7 +124,7 @@ def make_stage(
     mine = stage_ranges(len(chain), stages, boundaries)[stage]
     head_fn = types.MethodType(_head_forward(model), model)
     runs: list[Callable] = []
-    for i, (parent, attr, item) in enumerate(chain):
+    for i, (attr, item) in enumerate(chain):
         owned = i in mine
         if attr == "_stem":
             if owned:
@@ -141,11 +140,11 @@ def make_stage(
                     if isinstance(getattr(model, name, None), nn.Module):
                         setattr(model, name, nn.Identity())
         else:
-            container = getattr(parent, attr)
+            container = getattr(model, attr)
             if owned:
-                runs.append(container[int(item)])
+                runs.append(container[item])
             else:
-                container[int(item)] = nn.Identity()
+                container[item] = nn.Identity()
 
     def forward(self, x):
         if channels_last and stage > 0:
@@ -182,8 +181,6 @@ class Pipeline:
         """Forward and backward of one batch in micro-batches -> the mean loss on the last
         stage (None elsewhere)."""
         x, y = batch
-        if self.first and self.last:
-            raise AssertionError("a pipeline has at least 2 stages")
         if self.first:
             self.schedule.step(x)
             return None
@@ -233,6 +230,6 @@ def build_pipeline(model: nn.Module, device: torch.device, cfg) -> Pipeline:
     make_stage(model, rank, world, cfg.pipeline.boundaries, cfg.train.channels_last)
     stage = PipelineStage(model, rank, world, device)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
-    loss_fn = lambda out, y: F.cross_entropy(out, y)  # noqa: E731  (per micro-batch, mean)
-    schedule = kind(stage, n_microbatches=cfg.pipeline.microbatches, loss_fn=loss_fn)
+    # the loss of each micro-batch (a mean over its samples); the schedule averages the gradients
+    schedule = kind(stage, n_microbatches=cfg.pipeline.microbatches, loss_fn=F.cross_entropy)
     return Pipeline(schedule, rank, world, device)

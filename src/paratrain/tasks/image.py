@@ -9,13 +9,14 @@ from paratrain import dist as pdist
 from paratrain.data.device import DeviceLoader
 from paratrain.data.loader import build_data
 from paratrain.models import build_model
+from paratrain.parallel import STRATEGIES
 from paratrain.tasks import Workload
 
 
 def build(cfg, env: pdist.DistEnv, sampler_mode: str, policy, loader_batch: int) -> Workload:
     # A pipeline's stages all read the same batches (the first uses the images, the last the
     # labels), the held-out ones too: its data is one replica's.
-    pipelined = cfg.strategy == "pipeline"
+    pipelined = STRATEGIES[cfg.strategy].pipelined
     data = build_data(
         cfg.data,
         sampler_mode=sampler_mode,
