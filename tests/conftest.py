@@ -39,10 +39,23 @@ def read_result(run_dir) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
 
 
-def final_weights(run_dir) -> dict:
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*.pt"))
+def last_checkpoint(run_dir) -> Path:
+    from paratrain.trainer.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(Path(run_dir) / "checkpoints")
     assert ckpts, f"no checkpoint in {run_dir}"
-    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+    return ckpts[-1]
+
+
+def read_ckpt(path) -> dict:
+    """A checkpoint folder (DCP) as plain tensors: model, optimizer, loop, rng per rank."""
+    from paratrain.trainer.checkpoint import read_checkpoint
+
+    return read_checkpoint(path)
+
+
+def final_weights(run_dir) -> dict:
+    return read_ckpt(last_checkpoint(run_dir))["model"]
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
@@ -140,7 +153,7 @@ def adapter_logits(run_dir, checkpoint=None, seed=0):
     from peft import LoraConfig as PeftLora
     from peft import PeftModel, get_peft_model
 
-    from paratrain.lm.model import build_causal_lm
+    from paratrain.models.causal_lm.build import build_causal_lm
 
     def base():
         torch.manual_seed(seed)  # paratrain seeds the same way before building the model
@@ -158,10 +171,7 @@ def adapter_logits(run_dir, checkpoint=None, seed=0):
             r=8, lora_alpha=16.0, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj"]
         )
         manual = get_peft_model(base(), cfg)
-        state = torch.load(
-            checkpoint or sorted((Path(run_dir) / "checkpoints").glob("*.pt"))[-1],
-            weights_only=False,
-        )
+        state = read_ckpt(checkpoint or last_checkpoint(run_dir))
         missing = manual.load_state_dict(state["model"], strict=False)
         assert not missing.unexpected_keys
         from_ckpt = manual.eval()(input_ids=ids).logits

@@ -175,8 +175,8 @@ def measure(op: str, nbytes: int, cfg: CommConfig, device: torch.device) -> dict
 
 def run(cfg: CommConfig) -> dict:
     """In a torchrun worker: every op over every size; rank 0 prints and writes result.json."""
-    from paratrain import dist as pdist
     from paratrain import metrics
+    from paratrain.distributed import process_group as pdist
 
     env = pdist.init_distributed(cfg.device, multiprocess=True)
     try:

@@ -22,25 +22,33 @@ from typing import Any, Literal
 
 import yaml
 
-from paratrain.checkpoint import CheckpointConfig
-from paratrain.data.loader import TEXT_SOURCES, DataConfig
+from paratrain.data.loader import DataConfig
+from paratrain.distributed.parallel_dims import ParallelConfig
 from paratrain.errors import ConfigError
 from paratrain.launch import LaunchConfig
-from paratrain.lm.model import LoraConfig
 from paratrain.models import ModelConfig
-from paratrain.parallel import STRATEGIES, Strategy
-from paratrain.parallel.data_parallel import DDPConfig
+from paratrain.models.causal_lm.lora import LoraConfig
+from paratrain.parallel import ONE_PROCESS, STRATEGIES, Strategy
+from paratrain.parallel.ddp import DDPConfig
 from paratrain.parallel.pipeline import PipelineConfig
+from paratrain.parallel.split import SplitConfig
 from paratrain.precision import Precision, ScalerConfig
-from paratrain.train_config import LogConfig, TrainConfig
+from paratrain.tasks import resolve_task, task_module
+from paratrain.trainer.checkpoint import CheckpointConfig
+from paratrain.trainer.config import LogConfig, TrainConfig
 
 
 @dataclass(kw_only=True)
 class RunConfig:
     name: str = "run"
     """Run name; used in the default output directory and in reports."""
-    strategy: Strategy = "single"
-    """How the work is spread: single, dp, ddp-full, ddp-rr, ddp-ds, fsdp, pipeline (see README)."""
+    task: Literal["auto", "image_classification", "causal_lm"] = "auto"
+    """What is trained: image_classification or causal_lm (a task owns its data, loss and
+    metrics); auto picks by data.source."""
+    strategy: Strategy = "auto"
+    """A shorthand for parallel.* degrees and data.sampler: single, dp, ddp-full, ddp-rr, ddp-ds,
+    fsdp, tp, pipeline, split (see README); auto lets the degrees decide (one process, or ddp-ds
+    for launch.nproc > 1, when none is set)."""
     precision: Precision = "fp32"
     """Arithmetic: fp64, fp32 (IEEE), tf32 (CUDA tensor cores), fp16 (autocast + GradScaler), bf16 (autocast)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -54,65 +62,93 @@ class RunConfig:
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
-        spec = STRATEGIES[self.strategy]
-        nproc = self.launch.nproc
-        if not spec.multiprocess and (self.launch.nnodes > 1 or (nproc not in (None, 1))):
-            raise ValueError(
-                f"launch.nproc: strategy {self.strategy} runs in one process, got nproc={nproc}"
-                f" nnodes={self.launch.nnodes}; use ddp-ds (or ddp-rr, ddp-full) for several"
-            )
-        if self.data.source in TEXT_SOURCES:
-            if self.model.path is None and self.model.init != "random":
-                raise ValueError(
-                    "model.path: a text data set fine-tunes a language model; set model.path to a "
-                    "Hugging Face checkpoint, or model.init=random with model.shape"
-                )
-            if self.strategy == "dp":
-                raise ValueError(
-                    "strategy: dp is for image models; use ddp-ds or fsdp for language models"
-                )
-        if self.model.loss_chunk_tokens and "lm_head" in self.lora.target_modules:
-            raise ValueError(
-                "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
-                "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
-            )
-        if self.lora.save_merged and self.strategy == "fsdp":
-            raise ValueError(
-                "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"
-            )
-        if self.data.resize_on == "gpu" and self.device == "cpu":
-            raise ValueError("data.resize_on: gpu needs a CUDA device, got device=cpu; use cpu")
+        self.task = resolve_task(self.task, self.data.source)
+        self._apply_strategy()
         if self.precision == "tf32" and self.device == "cpu":
             raise ValueError(
                 "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
             )
-        if self.ddp.gradient_compression != "none" and not self.strategy.startswith("ddp"):
+        p = self.parallel
+        replicating = self.strategy.startswith("ddp") or (
+            self.strategy == "auto" and p.dp_shard == 1 and p.tp == 1
+        )
+        if self.ddp.gradient_compression != "none" and not replicating:
             raise ValueError(
                 f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
                 f"{self.strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
             )
-        if self.strategy == "pipeline":
-            self._check_pipeline()
-        if self.model.depthwise_conv == "shift-add" and not self.train.compile:
+        sharded = self.strategy == "fsdp" or p.dp_shard != 1 or p.tp != 1 or p.pp != 1
+        if self.lora.save_merged and sharded:
             raise ValueError(
-                "model.depthwise_conv: shift-add is written for torch.compile to fuse (eagerly "
-                "it is slower than native); set train.compile=true"
+                "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge "
+                "later"
             )
+        if p.pp != 1:
+            self._check_pipeline()
+        task_module(self.task).check(self)
+
+    @property
+    def multiprocess(self) -> bool:
+        """Runs one process per device, launched through torchrun."""
+        return self.strategy not in ONE_PROCESS
+
+    def _apply_strategy(self) -> None:
+        """The strategy shorthand -> degrees and sampler, filling only what was left at its
+        default (so it can be applied again to its own output: config.yaml)."""
+        p, short = self.parallel, STRATEGIES[self.strategy]
+        nproc, nnodes = self.launch.nproc, self.launch.nnodes
+        several = nproc not in (None, 1) or nnodes > 1
+        trivial = p.dp_replicate in (None, 1) and (p.dp_shard, p.tp, p.pp) == (1, 1, 1)
+        if self.strategy == "auto" and trivial:
+            self.strategy = "ddp-ds" if several else "single"
+            short = STRATEGIES[self.strategy]
+        if self.data.sampler == "auto":
+            self.data.sampler = short.sampler
+        elif short.wrapper == "ddp" and self.data.sampler != short.sampler:
+            raise ValueError(
+                f"data.sampler: strategy {self.strategy} reads with the {short.sampler} "
+                f"sampler, got {self.data.sampler}; leave data.sampler at auto"
+            )
+        if self.strategy in ONE_PROCESS:
+            if several:
+                raise ValueError(
+                    f"launch.nproc: strategy {self.strategy} runs in one process, got "
+                    f"nproc={nproc} nnodes={nnodes}; use ddp-ds (or ddp-rr, ddp-full) for several"
+                )
+            if not trivial:
+                raise ValueError(
+                    f"strategy: {self.strategy} runs in one process; the parallel.* degrees set "
+                    f"({_set_degrees(p)}) need several (strategy auto lets them decide)"
+                )
+            return
+        if short.wrapper == "ddp" and (p.dp_shard != 1 or p.tp != 1):
+            raise ValueError(
+                f"strategy: {self.strategy} replicates whole models (DDP), which cannot hold "
+                f"sharded or tensor-parallel weights ({_set_degrees(p)}); use strategy=fsdp, or "
+                "auto"
+            )
+        inferred = any(v == -1 for v in p.degrees().values())
+        # this axis takes the ranks the others leave (dp_replicate's null already does)
+        axis = short.axis
+        if axis not in (None, "dp_replicate") and not inferred and getattr(p, axis) == 1:
+            setattr(p, axis, -1)
 
     def _check_pipeline(self) -> None:
-        """What strategy=pipeline does not do (yet): one line each, before anything runs."""
+        """What a pipeline does not do (yet): one line each, before anything runs."""
         mb = self.pipeline.microbatches
-        if self.data.source in TEXT_SOURCES:
-            raise ValueError("strategy: pipeline cuts image models; use ddp-ds or fsdp for text")
         if self.train.compile:
-            raise ValueError("train.compile: not with strategy=pipeline yet; set it false")
+            raise ValueError(
+                "train.compile: not with strategy=pipeline yet (parallel.pp > 1); set it false"
+            )
         if self.precision == "fp16":
             raise ValueError(
                 "precision: fp16's loss scaling is not wired through pipeline stages; use bf16"
@@ -130,6 +166,10 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _set_degrees(p: ParallelConfig) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p.degrees().items() if v not in (None, 1)) or "none"
 
 
 # --------------------------------------------------------------------------- loading

@@ -32,10 +32,12 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
-    """Peak device memory allocated by tensors, or on the CPU the process's peak resident set."""
+def peak_memory_bytes(device: torch.device, split: dict | None = None) -> tuple[int, str]:
+    """Peak device memory allocated by tensors (the largest of the GPUs a split model spans), or
+    on the CPU the process's peak resident set."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+        devices = split["devices"] if split else [device]
+        return max(torch.cuda.max_memory_allocated(d) for d in devices), "cuda_max_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_peak_rss"
 
 
@@ -160,3 +162,24 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+# Dense bf16/fp16 tensor-core peaks (vendor datasheets, without sparsity), in FLOP/s.
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "RTX 4090": 165e12,
+}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_FLOPS.items():
+        if key in name:
+            return value
+    return None

@@ -11,19 +11,16 @@ import torch
 
 from paratrain import launch
 from paratrain.config import RunConfig, to_yaml
-from paratrain.data.loader import TEXT_FORMATS
-from paratrain.data.sources import find_mnist_files
+from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
-from paratrain.lm.data import check_path
-from paratrain.lm.model import check_fp8, check_kernels
-from paratrain.models import resolve_builder
-from paratrain.parallel import STRATEGIES
-from paratrain.tasks import task_of
-from paratrain.train import default_output_dir, train
+from paratrain.tasks import task_module
+from paratrain.trainer.loop import train
+from paratrain.trainer.setup import default_output_dir
 
 
-def preflight(cfg: RunConfig, nproc: int) -> None:
-    """Checks that need this machine (GPUs, files): done once, before any process starts."""
+def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
+    """Checks that need this machine (GPUs, files) or the process count: done once, before any
+    process starts. `world`: processes in the whole job (nproc x nnodes)."""
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
@@ -33,54 +30,41 @@ def preflight(cfg: RunConfig, nproc: int) -> None:
         raise UserError(
             "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
         )
-    if not cuda and cfg.data.resize_on == "gpu":
-        raise UserError("data.resize_on: gpu needs a GPU and none is in use; use cpu")
-    if cuda and STRATEGIES[cfg.strategy].multiprocess and nproc > torch.cuda.device_count():
+    if cuda and cfg.multiprocess and nproc > torch.cuda.device_count():
         raise UserError(
             f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
             "use at most one process per GPU, or device=cpu"
         )
-    # Missing files are named now, in one line, not by N workers; only their presence is checked
-    # (the workers read them), so a 60,000-image data set is not loaded twice.
-    if cfg.data.source == "mnist":
-        for train_split in (True, False):
-            find_mnist_files(cfg.data.path, train_split)
-    elif cfg.data.source == "imagefolder" and not Path(cfg.data.path).is_dir():
+    world = world or (nproc * cfg.launch.nnodes if cfg.multiprocess else 1)
+    try:  # the degrees must multiply to the process count: say so before launching any
+        dims = ParallelDims.from_config(cfg.parallel, world, "cuda" if cuda else "cpu")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if cfg.strategy == "pipeline" and dims.pp < 2:
         raise UserError(
-            f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
+            f"launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got {world}"
         )
-    if task_of(cfg.data.source) == "lm":
-        check_kernels(cfg.model.kernels, "cuda" if cuda else "cpu")
-        check_fp8(cfg.model.fp8, "cuda" if cuda else "cpu")
-    if cfg.data.source in TEXT_FORMATS:
-        check_path(cfg.data.path)
-        if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
-            raise UserError(
-                f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
-            )
-    else:
-        resolve_builder(cfg.model.name)  # a user's "module:function" that does not import
+    task_module(cfg.task).preflight(cfg, cuda, dims)
 
 
 def execute(cfg: RunConfig) -> int:
-    spec = STRATEGIES[cfg.strategy]
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
     if slurm:
         os.environ.update(slurm)
     if launch.launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
-        if not spec.multiprocess and world > 1:
+        if not cfg.multiprocess and world > 1:
             raise UserError(
                 f"strategy: {cfg.strategy} runs in one process but this job has {world}; use ddp-ds"
             )
         if int(os.environ.get("RANK", "0")) == 0:
-            preflight(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+            preflight(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)
         train(cfg)
         return 0
 
-    nproc = cfg.launch.nproc or launch.default_nproc(spec.multiprocess)
+    nproc = cfg.launch.nproc or launch.default_nproc(cfg.multiprocess)
     preflight(cfg, nproc)
-    if not spec.multiprocess:
+    if not cfg.multiprocess:
         train(cfg)
         return 0
 

@@ -10,7 +10,7 @@ import sys
 
 from paratrain.config import load_config
 from paratrain.errors import exit_code
-from paratrain.train import train
+from paratrain.trainer.loop import train
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
 """ddp.broadcast_buffers=false: the ranks' BatchNorm statistics are averaged before evaluation
-and saving (parallel/data_parallel.py average_buffers), on 2 gloo processes under torchrun."""
+and saving (parallel/ddp.py average_buffers), on 2 gloo processes under torchrun."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch import nn
-    from paratrain.parallel.data_parallel import average_buffers
+    from paratrain.parallel.ddp import average_buffers
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -3,8 +3,7 @@ GPipe and 1F1B schedules, against a single-process run on the whole batch; a che
 from the stages resumes the pipeline and loads into any strategy."""
 
 import pytest
-import torch
-from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY, final_weights, max_abs_diff, read_ckpt, read_result, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -31,14 +30,14 @@ def test_pipeline_stages_equal_single_and_resume_from_merged_checkpoints(tmp_pat
     assert abs(r["summary"]["train_loss"] - read_result(single)["summary"]["train_loss"]) < 1e-4
     # the other schedule and another cut (the tiny CNN's 3 blocks as 1 + 2, not 2 + 1), resumed
     # from the step-6 checkpoint: the optimizer state came back too, whichever rank holds it now
-    mid = gpipe / "checkpoints" / "step_00000006.pt"
+    mid = gpipe / "checkpoints" / "step_00000006"
     run_cli(
         ["run", *COMMON, *pipe, "--set", "pipeline.schedule=1f1b", "--resume", mid]
         + ["--set", "pipeline.boundaries=[1]", "--output-dir", resumed]
     )
     assert max_abs_diff(final_weights(resumed), final_weights(single)) < TOL
-    state = torch.load(mid, map_location="cpu", weights_only=False)
-    assert len(state["rng"]) == 2 and state["optimizer"]["state"]
+    state = read_ckpt(mid)
+    assert len(state["rng"]) == 2 and any(".momentum_buffer" in k for k in state["optimizer"])
 
 
 def test_pipeline_held_out_accuracy_matches_single(tmp_path):

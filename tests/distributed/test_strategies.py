@@ -137,8 +137,8 @@ def test_resume_continues_bit_for_bit(tmp_path, tiny_overrides):
     full = tmp_path / "full"
     run_cli(["run", *common, "--set", "checkpoint.every_steps=5", "--output-dir", full])
     assert read_result(full)["summary"]["optimizer_steps"] == 24
-    mid = full / "checkpoints" / "step_00000010.pt"
-    assert mid.is_file()
+    mid = full / "checkpoints" / "step_00000010"
+    assert (mid / "train_state.pt").is_file()
     resumed = tmp_path / "resumed"
     run_cli(["run", *common, "--resume", mid, "--output-dir", resumed])
     r = read_result(resumed)["summary"]

@@ -15,7 +15,7 @@ def gpu_settings(data):
 
 def test_packed_examples_do_not_attend_to_each_other_on_cuda():
     from paratrain.lm import data as lmdata
-    from paratrain.lm.model import build_causal_lm
+    from paratrain.models.causal_lm.build import build_causal_lm
 
     torch.manual_seed(0)
     model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).cuda().eval()
@@ -98,8 +98,10 @@ def test_liger_loss_and_gradients_equal_transformers():
     transformers' loss and adapter gradients, within bf16 rounding. Last in the file: Liger
     patches transformers' Llama module for the rest of the process."""
     pytest.importorskip("liger_kernel")
-    from paratrain.lm.loss import ChunkedLossLM
-    from paratrain.lm.model import LoraConfig, apply_kernels, apply_lora, build_causal_lm
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.kernels import apply_kernels
+    from paratrain.models.causal_lm.lora import LoraConfig, apply_lora
+    from paratrain.models.causal_lm.loss import ChunkedLossLM
 
     def lm(kernels):
         torch.manual_seed(0)

@@ -146,7 +146,7 @@ def test_padded_batches_count_real_tokens():
 
 def test_packed_examples_do_not_attend_to_each_other():
     """The second example's logits are the same packed behind another one as alone."""
-    from paratrain.lm.model import build_causal_lm
+    from paratrain.models.causal_lm.build import build_causal_lm
 
     torch.manual_seed(0)
     model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).eval()

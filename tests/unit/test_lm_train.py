@@ -1,11 +1,11 @@
 """LoRA fine-tuning of a tiny random Llama in one process."""
 
 import torch
-from conftest import adapter_logits, lm_settings, write_alpaca
+from conftest import adapter_logits, last_checkpoint, lm_settings, read_ckpt, write_alpaca
 
-import paratrain.tasks.lm as lm_task
+import paratrain.tasks.causal_lm as lm_task
 from paratrain.config import load_config
-from paratrain.train import train
+from paratrain.trainer.loop import train
 
 
 def capture_workload(monkeypatch) -> dict:
@@ -58,7 +58,7 @@ def test_adapter_reloads_with_peft_and_gives_the_same_logits(tmp_path):
     assert (run / "adapter" / "adapter_config.json").is_file() and (
         run / "adapter" / "tokenizer.json"
     ).is_file()
-    ckpt = torch.load(sorted((run / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+    ckpt = read_ckpt(last_checkpoint(run))
     assert ckpt["model"] and all("lora_" in k for k in ckpt["model"])  # frozen base not rewritten
 
 
@@ -103,8 +103,8 @@ def test_synthetic_text_needs_no_data(tmp_path):
 
 def test_fine_tune_from_a_checkpoint_directory(tmp_path):
     """model.path: a saved Hugging Face checkpoint with its tokenizer, loaded the real way."""
-    from paratrain.lm.model import build_causal_lm
     from paratrain.lm.tokenizer import byte_tokenizer
+    from paratrain.models.causal_lm.build import build_causal_lm
 
     ckpt = tmp_path / "hf"
     build_causal_lm(None, "random", "tiny", "sdpa", torch.float32).save_pretrained(ckpt)
@@ -123,8 +123,9 @@ def test_fine_tune_from_a_checkpoint_directory(tmp_path):
 
 def test_chunked_loss_equals_transformers_loss_and_gradients():
     from paratrain.lm.data import Collate
-    from paratrain.lm.loss import ChunkedLossLM
-    from paratrain.lm.model import LoraConfig, apply_lora, build_causal_lm
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.lora import LoraConfig, apply_lora
+    from paratrain.models.causal_lm.loss import ChunkedLossLM
 
     torch.manual_seed(0)
     model = apply_lora(build_causal_lm(None, "random", "tiny", "sdpa", torch.float32), LoraConfig())
@@ -180,14 +181,12 @@ def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
     compiled = train(
         load_config(None, common + ["train.compile=true", f"output_dir={tmp_path / 'compiled'}"])
     )
-    blocks = seen["work"].blocks
+    blocks = seen["work"].compile_units
     assert len(blocks) == 3  # the tiny shape's two decoder layers, the chunk loss
     assert all(b._compiled_call_impl is not None for b in blocks)
     a, b = eager["summary"]["train_loss"], compiled["summary"]["train_loss"]
     assert abs(a - b) < 1e-3 * abs(a), (a, b)
-    ckpt = torch.load(
-        sorted((tmp_path / "compiled" / "checkpoints").glob("*.pt"))[-1], weights_only=False
-    )
+    ckpt = read_ckpt(last_checkpoint(tmp_path / "compiled"))
     assert not any("_orig_mod" in k for k in ckpt["model"])
 
 
@@ -205,7 +204,7 @@ def test_liger_kernels_off_cuda_is_a_one_line_error(tmp_path):
 def test_sdpa_backend_sets_the_kernel_priority_for_the_run(tmp_path, monkeypatch):
     from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
-    from paratrain.train import sdpa_priority
+    from paratrain.trainer.measure import sdpa_priority
 
     before = _cur_sdpa_kernel_backends(with_priority=True)
     with sdpa_priority("cudnn"):
@@ -262,7 +261,7 @@ def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):
     import pytest
 
     from paratrain.errors import UserError
-    from paratrain.lm.model import check_fp8, check_kernels
+    from paratrain.models.causal_lm.kernels import check_fp8, check_kernels
 
     monkeypatch.setitem(sys.modules, "torchao", None)  # import fails as if not installed
     monkeypatch.setitem(sys.modules, "torchao.float8", None)

@@ -8,7 +8,8 @@ import torch
 
 from paratrain.errors import UserError
 from paratrain.models import ModelConfig, build_model
-from paratrain.parallel.pipeline import blocks_of, make_stage, stage_ranges
+from paratrain.models.vision import VisionSpec, blocks_of
+from paratrain.parallel.pipeline import stage_ranges
 
 
 def test_stage_ranges_are_consecutive_and_near_equal():
@@ -42,8 +43,10 @@ def test_stages_in_a_row_equal_the_whole_model(name, stages, channels_last):
         x = x.to(memory_format=torch.channels_last)
     with torch.no_grad():
         expected = model(x)
+        spec = VisionSpec()
+        cuts = stage_ranges(spec.pipeline_units(model), stages)
         parts = [
-            make_stage(copy.deepcopy(model), s, stages, channels_last=channels_last)
+            spec.make_stage(copy.deepcopy(model), cuts[s], s, stages, channels_last=channels_last)
             for s in range(stages)
         ]
         out = x

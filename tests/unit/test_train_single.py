@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from conftest import TINY_SETTINGS
+from conftest import TINY_SETTINGS, final_weights
 
 from paratrain.config import load_config
 from paratrain.models import build_model
-from paratrain.models.vision import build_mobilenet_v2, build_resnet50
-from paratrain.parallel.activation_checkpointing import apply_activation_checkpointing
-from paratrain.train import train
+from paratrain.models.vision import build_mobilenet_v2, build_resnet50, trunk_blocks
+from paratrain.parallel.ac import apply_activation_checkpointing
+from paratrain.trainer.loop import train
 
 BASE = [*TINY_SETTINGS, "data.limit_samples=512"]
 
@@ -16,8 +16,7 @@ BASE = [*TINY_SETTINGS, "data.limit_samples=512"]
 def run(tmp_path, name, extra):
     cfg = load_config(None, BASE + [f"output_dir={tmp_path / name}"] + extra)
     train(cfg)
-    ckpt = sorted((tmp_path / name / "checkpoints").glob("step_*.pt"))[-1]
-    return torch.load(ckpt, weights_only=False)["model"]
+    return final_weights(tmp_path / name)
 
 
 def max_diff(a, b):
@@ -44,7 +43,7 @@ def test_activation_checkpointing_keeps_gradients_and_names():
     a = build_model(load_config(None, ["model.name=tiny_cnn"]).model, 10, 1)
     b = build_model(load_config(None, ["model.name=tiny_cnn"]).model, 10, 1)
     b.load_state_dict(a.state_dict())
-    apply_activation_checkpointing(b)
+    apply_activation_checkpointing(trunk_blocks(b))
     assert a.state_dict().keys() == b.state_dict().keys()
     x = torch.randn(4, 1, 28, 28)
     a(x).sum().backward()
@@ -55,7 +54,7 @@ def test_activation_checkpointing_keeps_gradients_and_names():
 
 def test_activation_checkpointing_recomputes():
     model = build_mobilenet_v2(10, 1)
-    apply_activation_checkpointing(model)
+    apply_activation_checkpointing(trunk_blocks(model))
     calls = []
     inner = model.features[3].conv[0]  # the first layer inside a checkpointed block
     inner.register_forward_hook(lambda *a: calls.append(1))
@@ -68,7 +67,7 @@ def test_torchvision_models_take_one_channel(builder):
     model = builder(10, 1).eval()
     with torch.no_grad():
         assert model(torch.randn(2, 1, 64, 64)).shape == (2, 10)
-    apply_activation_checkpointing(model)  # both have a sequential trunk
+    apply_activation_checkpointing(trunk_blocks(model))  # both have a sequential trunk
 
 
 def test_user_model_builder(tmp_path, monkeypatch):
@@ -189,7 +188,7 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
     import torch.distributed as dist
     from torch import nn
 
-    from paratrain.parallel.data_parallel import apply_ddp
+    from paratrain.parallel.ddp import apply_ddp
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
@@ -197,10 +196,10 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
             None,
             ["ddp.split_compiled_graph=false", "ddp.static_graph=true", "ddp.broadcast_buffers=no"],
         )
-        wrapped = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), None, cfg)
+        wrapped = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), cfg.ddp)
         assert torch._dynamo.config.optimize_ddp is False and wrapped.static_graph
         assert not wrapped.will_sync_module_buffers()  # no per-forward buffer sync
-        default = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), None, load_config(None))
+        default = apply_ddp(nn.BatchNorm1d(4), torch.device("cpu"), load_config(None).ddp)
         assert torch._dynamo.config.optimize_ddp is True and default.will_sync_module_buffers()
     finally:
         dist.destroy_process_group()
@@ -210,7 +209,7 @@ def test_ddp_settings_reach_the_wrapper_and_dynamo(tmp_path):
 def test_gc_every_steps_collects_on_schedule_and_changes_nothing(tmp_path, monkeypatch):
     import gc
 
-    from paratrain import train as train_mod
+    from paratrain.trainer import measure as train_mod
 
     default = run(tmp_path, "default", ["train.max_steps=6"])
     collected, enabled = [], []
@@ -234,7 +233,7 @@ def test_gc_every_steps_collects_on_schedule_and_changes_nothing(tmp_path, monke
 def test_gc_schedule_turns_collection_back_on_after_an_error():
     import gc
 
-    from paratrain.train import gc_pause, gc_schedule
+    from paratrain.trainer.measure import gc_pause, gc_schedule
 
     with pytest.raises(RuntimeError), gc_schedule(5):
         gc_pause(5)

@@ -15,7 +15,6 @@ from paratrain.bench.sweep import RunSpec, Sweep
 from paratrain.config import to_yaml
 from paratrain.launch import default_nproc
 from paratrain.metrics import git_commit
-from paratrain.parallel import STRATEGIES
 
 PEER_MODULES = {
     "plain": "paratrain.bench.peers.plain",
@@ -38,7 +37,7 @@ def command_for(run: RunSpec, run_dir: Path) -> list[str]:
     module = PEER_MODULES[run.program]
     if run.program == "sol":
         return [py, "-m", module, str(config_path), str(run_dir)]
-    nproc = run.config.launch.nproc or default_nproc(STRATEGIES[run.config.strategy].multiprocess)
+    nproc = run.config.launch.nproc or default_nproc(run.config.multiprocess)
     return [
         py,
         "-m",

@@ -365,7 +365,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
     notes = [
         "tokens count non-padding tokens; scaling efficiency and ratios use tokens/s. MFU: "
         "model FLOPs per token (6N full training, 4N + attention + 6 x adapters for LoRA; "
-        "src/paratrain/lm/model.py) x tokens/s per GPU / the GPU's dense bf16 peak.",
+        "src/paratrain/models/causal_lm/spec.py) x tokens/s per GPU / the GPU's dense bf16 peak.",
         CLOCK_NOTE,
     ]
     return Table("Language-model fine-tuning (seed table 5.2)", headers, rows, notes)

@@ -76,6 +76,11 @@ class DataConfig:
     """Text: pack examples into max_length rows (position ids restart; no cross-example attention)."""
     split: str = "train"
     """Text: split of a hub data set."""
+    sampler: Literal["auto", "distributed", "round-robin", "full"] = "auto"
+    """How the data-parallel ranks share the training set: distributed (torch's
+    DistributedSampler, the seed's DDP-DS), round-robin (DDP-RR), full (every rank reads
+    everything, the seed's 'DDP': redundant work). auto: what the strategy names, else
+    distributed."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -154,6 +159,7 @@ def build_data(
     seed: int,
     device: torch.device,
     loader_batch: int,
+    even_val: bool = False,
 ) -> Data:
     src = load_source(cfg, seed)
     on_cpu = cfg.resize_on == "cpu"
@@ -189,7 +195,7 @@ def build_data(
     val = None
     if src.val is not None:
         val_set = Prepared(src.val, cfg.image_size, src.mean, src.std, on_cpu)
-        val_sampler = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=False)
+        val_sampler = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=even_val)
         val = DataLoader(
             val_set,
             batch_size=loader_batch,

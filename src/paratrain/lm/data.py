@@ -143,6 +143,8 @@ class Collate:
     # float8 matmuls (torch._scaled_mm) need every dimension a multiple of 16, and the backward's
     # weight gradient contracts over the batch's tokens: model.fp8 pads the width to 16.
     multiple: int = 1
+    # A pipeline's stages exchange activations of one fixed shape: every batch this wide.
+    width: int | None = None
 
     def __call__(self, batch):
         if self.packed:
@@ -154,7 +156,7 @@ class Collate:
                 "num_tokens": torch.tensor(sum(n_real)),
             }
         width = max(len(ids) for ids, _ in batch)
-        width = -(-width // self.multiple) * self.multiple
+        width = self.width or -(-width // self.multiple) * self.multiple
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

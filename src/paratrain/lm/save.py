@@ -9,23 +9,37 @@ import torch.distributed as dist
 from torch import nn
 
 
-def full_state_dict(model: nn.Module) -> dict:
-    """Every rank calls this; rank 0 gets the whole (unsharded) state on the CPU."""
+def full_state_dict(model: nn.Module, pipelined: bool = False) -> dict:
+    """Every rank calls this; rank 0 gets the whole (unsharded) state on the CPU. A pipeline's
+    stages each hold part of the model: every rank gathers its stage's whole tensors (an
+    adapter's are small) and rank 0 merges the stages' disjoint parts."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    if not pipelined:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+    local = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    local = {k: v.cpu() for k, v in local.items()}
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def save_adapter(
-    model: nn.Module, out_dir: Path, tokenizer, *, merged: bool, is_main: bool
+    model: nn.Module,
+    out_dir: Path,
+    tokenizer,
+    *,
+    merged: bool,
+    is_main: bool,
+    pipelined: bool = False,
 ) -> dict[str, str]:
-    from paratrain.parallel.data_parallel import unwrap
+    from paratrain.parallel.ddp import unwrap
 
     peft_model = unwrap(model)
     peft_model = getattr(peft_model, "lm", peft_model)  # under the chunked-loss wrapper
-    # Gathered from every rank (FSDP shards), written by rank 0 only.
-    state = full_state_dict(peft_model) if dist.is_initialized() else None
+    # Gathered from every rank (FSDP and TP shards, pipeline stages), written by rank 0 only.
+    state = full_state_dict(peft_model, pipelined) if dist.is_initialized() else None
     paths: dict[str, str] = {}
     if is_main:
         adapter_dir = out_dir / "adapter"

@@ -1,79 +1,80 @@
-"""Strategies, applied from outside the model: name -> (apply function, sampler, traits).
+"""Parallelism, applied from outside the model (apply.py), and the strategy names of earlier
+releases as shorthands for degree settings.
 
-Order of application (train.py): precision dtype and channels_last, activation checkpointing,
-torch.compile, then the strategy's wrapper last, so DDP sees the final module and registers its
-gradient hooks on the parameters that really train.
+A run's parallelism is four degrees (parallel.dp_replicate, dp_shard, tp, pp; see
+distributed/parallel_dims.py) plus a sampler mode (data.sampler). `strategy` names a common
+setting of them: ddp-ds is dp_replicate over every rank with torch's DistributedSampler, fsdp is
+dp_shard over every rank, pipeline is pp over every rank, and so on. A shorthand fills in only
+what the user left at its default, so `strategy=fsdp parallel.tp=2` on 8 ranks is FSDP over 4
+and tensor parallel over 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
-from paratrain.parallel.data_parallel import apply_ddp, apply_dp, apply_single
-from paratrain.parallel.fsdp import apply_fsdp
-
-Strategy = Literal["single", "dp", "ddp-full", "ddp-rr", "ddp-ds", "fsdp", "pipeline"]
-SamplerMode = Literal["full", "round-robin", "distributed"]
+Strategy = Literal[
+    "single", "dp", "ddp-full", "ddp-rr", "ddp-ds", "fsdp", "tp", "pipeline", "split", "auto"
+]
+SamplerMode = Literal["distributed", "round-robin", "full"]
 
 
 @dataclass(frozen=True)
-class StrategySpec:
-    apply: Callable[..., torch.nn.Module]
-    """(model, device, precision policy, run config) -> the wrapped or sharded model."""
-    sampler: SamplerMode
-    multiprocess: bool
-    """Runs one process per device (launched through torchrun)."""
-    redundant: bool = False
-    """Every rank sees the whole data set: only 1/world of the samples processed are unique."""
-    pipelined: bool = False
-    """The ranks are stages of one model: every rank reads the same batches, each sample is
-    processed once (by all stages together)."""
-    doc: str = ""
+class Shorthand:
+    doc: str
+    axis: str | None = None
+    """The degree that takes the ranks the others leave (-1), or None: one process."""
+    sampler: SamplerMode = "distributed"
+    wrapper: Literal["ddp", "fsdp", "data-parallel", None] = None
+    """The data-parallel wrapper this name always means, even on one rank (ddp-* runs DDP, fsdp
+    runs fully_shard); None lets the degrees decide."""
 
 
-STRATEGIES: dict[str, StrategySpec] = {
-    "single": StrategySpec(apply_single, "full", False, doc="one device, one process"),
-    "dp": StrategySpec(
-        apply_dp,
-        "full",
-        False,
-        doc="torch.nn.DataParallel: one process scatters each batch over all visible GPUs",
+STRATEGIES: dict[str, Shorthand] = {
+    "auto": Shorthand(
+        "the degrees decide; with none set, one process (or ddp-ds for launch.nproc > 1)"
     ),
-    "ddp-full": StrategySpec(
-        apply_ddp,
-        "full",
-        True,
-        redundant=True,
-        doc="DDP, every rank iterates the WHOLE data set (seed's 'DDP'): redundant work",
+    "single": Shorthand("one device, one process"),
+    "dp": Shorthand(
+        "torch.nn.DataParallel: one process scatters each batch over all visible GPUs",
+        wrapper="data-parallel",
     ),
-    "ddp-rr": StrategySpec(
-        apply_ddp,
-        "round-robin",
-        True,
-        doc="DDP, rank r takes samples r, r+W, r+2W, ... of the whole data set (seed's DDP-RR)",
+    "ddp-full": Shorthand(
+        "DDP, every rank iterates the WHOLE data set (seed's 'DDP'): redundant work",
+        axis="dp_replicate",
+        sampler="full",
+        wrapper="ddp",
     ),
-    "ddp-ds": StrategySpec(
-        apply_ddp,
-        "distributed",
-        True,
-        doc="DDP with torch's DistributedSampler, set_epoch every epoch (seed's DDP-DS)",
+    "ddp-rr": Shorthand(
+        "DDP, rank r takes samples r, r+W, r+2W, ... of the whole data set (seed's DDP-RR)",
+        axis="dp_replicate",
+        sampler="round-robin",
+        wrapper="ddp",
     ),
-    "fsdp": StrategySpec(
-        apply_fsdp,
-        "distributed",
-        True,
-        doc="FSDP2: fully_shard per block; weights, gradients and optimizer state sharded over ranks",
+    "ddp-ds": Shorthand(
+        "DDP with torch's DistributedSampler, set_epoch every epoch (seed's DDP-DS)",
+        axis="dp_replicate",
+        wrapper="ddp",
     ),
-    "pipeline": StrategySpec(
-        apply_single,  # the cut into stages and the schedule: parallel/pipeline.py, in train.py
-        "full",
-        True,
-        pipelined=True,
-        doc="pipeline parallelism: the model cut into one stage per rank, micro-batches on a "
-        "GPipe or 1F1B schedule",
+    "fsdp": Shorthand(
+        "FSDP2: fully_shard per block; weights, gradients and optimizer state sharded over ranks",
+        axis="dp_shard",
+        wrapper="fsdp",
+    ),
+    "tp": Shorthand(
+        "tensor parallel: each decoder layer's projections split over the ranks (language models)",
+        axis="tp",
+    ),
+    "pipeline": Shorthand(
+        "pipeline parallelism: the model cut into one stage per rank, micro-batches on a GPipe "
+        "or 1F1B schedule",
+        axis="pp",
+    ),
+    "split": Shorthand(
+        "the seeds' model parallelism: consecutive blocks of one model on different GPUs of one "
+        "process, one batch at a time (each GPU idle while the others compute)"
     ),
 }
+
+ONE_PROCESS = ("single", "dp", "split")

@@ -1,34 +1,37 @@
-"""Pipeline parallelism (strategy=pipeline): the model cut into consecutive stages, one per
-process, with micro-batches flowing through them on a GPipe or 1F1B schedule
+"""Pipeline parallelism (parallel.pp > 1): the model cut into consecutive stages, one per rank
+along the mesh's pp axis, with micro-batches flowing through them on a GPipe or 1F1B schedule
 (torch.distributed.pipelining).
 
-Each rank keeps the whole model object but replaces the blocks of other stages with
-nn.Identity, so its parameters keep their names: the ranks' state dicts are disjoint parts of
-the full model's, and a checkpoint merged from them loads into any strategy. Stage r receives
-stage r-1's activations and sends its own on; the last stage computes the loss per micro-batch.
-The schedule averages the gradients over micro-batches (scale_grads), so one step equals a
-single-process step on the whole batch for a model whose result does not depend on how the batch
-is split (no BatchNorm).
+The cut comes from the model's spec (models/spec.py): each rank keeps the whole model object but
+the units of other stages become parameterless nn.Identity, so its parameters keep their names:
+the stages' state dicts are disjoint parts of the whole model's, and a checkpoint of them loads
+into any layout. Stage s receives stage s-1's activations and sends its own on; the last stage
+computes the loss per micro-batch with the task's summed loss divided by the whole batch's
+count of loss terms (samples, or trained tokens), so a step equals a single-process step on the
+whole batch, whatever the micro-batches hold (for models without BatchNorm, which normalises by
+each micro-batch's own statistics).
+
+Under data parallelism (PP x DP) each stage is wrapped in DDP or FSDP over its data-parallel
+group before the PipelineStage is made; the schedule skips their gradient sync on all but the
+last micro-batch.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from paratrain import dist as pdist
+from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 
 
 @dataclass(kw_only=True)
 class PipelineConfig:
-    """Pipeline parallelism's settings (strategy pipeline)."""
+    """Pipeline parallelism's settings (parallel.pp > 1, or strategy=pipeline)."""
 
     microbatches: int = 4
     """Micro-batches per step: each stage works on one while the others work on the rest. More
@@ -38,9 +41,11 @@ class PipelineConfig:
     """gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
     1f1b: one forward, one backward in turn once the pipe is full (at most `stages` held)."""
     boundaries: list[int] = field(default_factory=list)
-    """Block indices where stages 2, 3, ... begin (one fewer than the stages), to balance the
+    """Unit indices where stages 2, 3, ... begin (one fewer than the stages), to balance the
     stages' compute by hand: MobileNetV2's early blocks work on large images with few weights.
-    Empty: near-equal block counts."""
+    Units are an image model's stem / blocks / head, a language model's decoder layers (the
+    embedding goes with the first stage, norm and lm_head with the last). Empty: near-equal
+    unit counts."""
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
@@ -50,45 +55,12 @@ class PipelineConfig:
             raise ValueError(f"boundaries: must be increasing block indices >= 1, got {b}")
 
 
-def _head_forward(model: nn.Module) -> Callable:
-    import torchvision
-
-    if isinstance(model, torchvision.models.MobileNetV2):
-        return lambda m, x: m.classifier(torch.flatten(F.adaptive_avg_pool2d(x, (1, 1)), 1))
-    if isinstance(model, torchvision.models.ResNet):
-        return lambda m, x: m.fc(torch.flatten(m.avgpool(x), 1))
-    if hasattr(model, "pool") and hasattr(model, "classifier"):  # paratrain's tiny CNN
-        return lambda m, x: m.classifier(m.pool(x).flatten(1))
-    raise UserError(
-        "strategy: pipeline cuts MobileNetV2, ResNet-50 and the tiny CNN into stages; "
-        f"{type(model).__name__} is none of them"
-    )
-
-
-def _stem_forward(m, x):  # ResNet's layers before layer1
-    return m.maxpool(m.relu(m.bn1(m.conv1(x))))
-
-
-def blocks_of(model: nn.Module) -> list[tuple[str, int | None]]:
-    """The model's forward as a chain of blocks: (attribute of the model, index in it or None)."""
-    _head_forward(model)  # raises for a model it does not know
-    chain: list[tuple[str, int | None]] = []
-    if isinstance(getattr(model, "features", None), nn.Sequential):
-        chain += [("features", i) for i in range(len(model.features))]
-    else:  # ResNet
-        chain.append(("_stem", None))
-        for i in range(1, 5):
-            chain += [(f"layer{i}", j) for j in range(len(getattr(model, f"layer{i}")))]
-    chain.append(("_head", None))
-    return chain
-
-
 def stage_ranges(n_blocks: int, stages: int, boundaries: list[int] | None = None) -> list[range]:
     """Consecutive runs of blocks, one per stage: cut at `boundaries`, else near-equal (the
     earlier stages one longer)."""
     if stages > n_blocks:
         raise UserError(
-            f"launch.nproc: {stages} pipeline stages but the model has only {n_blocks} blocks"
+            f"parallel.pp: {stages} pipeline stages but the model has only {n_blocks} blocks"
         )
     if boundaries:
         if len(boundaries) != stages - 1 or boundaries[-1] >= n_blocks:
@@ -107,67 +79,45 @@ def stage_ranges(n_blocks: int, stages: int, boundaries: list[int] | None = None
     return out
 
 
-def make_stage(
-    model: nn.Module,
-    stage: int,
-    stages: int,
-    boundaries: list[int] | None = None,
-    channels_last: bool = False,
-) -> nn.Module:
-    """Turns `model` (in place) into stage `stage`: other stages' blocks become nn.Identity and
-    forward runs this stage's blocks only. Parameter names stay the full model's.
+def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any) -> nn.Module:
+    """This rank's stage of `model`, cut in place (before tensor parallelism and wrapping)."""
+    if dims.pp < 2:
+        raise UserError("strategy: pipeline needs at least 2 processes (one per stage)")
+    stage = dims.pp_rank
+    keep = stage_ranges(spec.pipeline_units(model), dims.pp, cfg.boundaries)[stage]
+    return spec.make_stage(model, keep, stage, dims.pp, **options)
 
-    Stages send whole (contiguous) tensors. A channels_last activation is not contiguous in
-    NCHW order, but its NHWC permutation is: a stage hands that on, and the next stage permutes
-    back to a channels_last NCHW view, so neither side copies."""
-    chain = blocks_of(model)
-    mine = stage_ranges(len(chain), stages, boundaries)[stage]
-    head_fn = types.MethodType(_head_forward(model), model)
-    runs: list[Callable] = []
-    for i, (attr, item) in enumerate(chain):
-        owned = i in mine
-        if attr == "_stem":
-            if owned:
-                runs.append(types.MethodType(_stem_forward, model))
-            else:
-                for name in ("conv1", "bn1"):
-                    setattr(model, name, nn.Identity())
-        elif attr == "_head":
-            if owned:
-                runs.append(head_fn)
-            else:
-                for name in ("classifier", "fc", "pool", "avgpool"):
-                    if isinstance(getattr(model, name, None), nn.Module):
-                        setattr(model, name, nn.Identity())
-        else:
-            container = getattr(model, attr)
-            if owned:
-                runs.append(container[item])
-            else:
-                container[item] = nn.Identity()
 
-    def forward(self, x):
-        if channels_last and stage > 0:
-            x = x.permute(0, 3, 1, 2)  # NHWC as sent -> an NCHW view in channels_last layout
-        for run in runs:
-            x = run(x)
-        if channels_last and stage < stages - 1:
-            x = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-        return x
+@dataclass
+class PipelineHooks:
+    """What a task tells the schedule (tasks/*.py)."""
 
-    model.forward = types.MethodType(forward, model)
-    return model
+    split: Callable[[Any], tuple[torch.Tensor, torch.Tensor, Any]]
+    """batch -> (the first stage's input, the last stage's target, number of loss terms)."""
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(last stage's output, target) -> the micro-batch's summed loss."""
+    score: Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
+    """(output, target) -> held-out sums (correct and total; summed loss and tokens)."""
+    summarize: Callable[[dict[str, float]], dict[str, float]]
+    """Summed held-out counts over the ranks -> metrics."""
+    score_keys: tuple[str, ...]
+    """The names score returns (every rank sums them, the stages without scores too)."""
+    tokens: Callable[[Any], Any] = lambda batch: None
+    """batch -> the tokens it holds, for tokens/s (None for images)."""
 
 
 @dataclass
 class Pipeline:
     """One rank's stage and its schedule; train_step and evaluate replace the loop's forward and
-    backward for this strategy."""
+    backward for this rank."""
 
     schedule: Any
     stage: int
     stages: int
     device: torch.device
+    hooks: PipelineHooks
+    denominator: list = field(default_factory=lambda: [1])
+    """The current batch's count of loss terms, read by the schedule's loss function."""
 
     @property
     def first(self) -> bool:
@@ -178,58 +128,69 @@ class Pipeline:
         return self.stage == self.stages - 1
 
     def train_step(self, batch) -> torch.Tensor | None:
-        """Forward and backward of one batch in micro-batches -> the mean loss on the last
-        stage (None elsewhere)."""
-        x, y = batch
+        """Forward and backward of one batch in micro-batches -> the batch's mean loss on the
+        last stage (None elsewhere)."""
+        inputs, target, count = self.hooks.split(batch)
         if self.first:
-            self.schedule.step(x)
+            self.schedule.step(inputs)
             return None
         if self.last:
+            self.denominator[0] = count
             losses: list[torch.Tensor] = []
-            self.schedule.step(target=y, losses=losses)
-            return torch.stack([loss.detach() for loss in losses]).mean()
+            self.schedule.step(target=target, losses=losses)
+            return torch.stack([loss.detach() for loss in losses]).sum()
         self.schedule.step()
         return None
 
     @torch.no_grad()
-    def evaluate(
-        self, model: nn.Module, loader: Iterable, autocast, batch_size: int
-    ) -> dict[str, float]:
-        """Held-out accuracy: every stage runs the same batches; the last one counts. The stages
-        exchange activations in buffers sized at the first step, so a short last batch is padded
-        to the full size and only its real rows are counted."""
+    def evaluate(self, model: nn.Module, loader: Iterable, autocast, batch_size: int):
+        """Held-out metrics: every stage runs the same batches; the last one scores them. The
+        stages exchange activations in buffers sized at the first step, so a short last batch
+        is padded to the full size and only its real rows are scored."""
         model.eval()
-        correct, total = 0.0, 0
-        for x, y in loader:
-            real = len(y)
+        sums: dict[str, float] = {}
+        for batch in loader:
+            inputs, target, _ = self.hooks.split(batch)
+            real = len(target)
             if real < batch_size:
-                x = torch.cat([x, x.new_zeros((batch_size - real, *x.shape[1:]))])
-                y = torch.cat([y, y.new_zeros(batch_size - real)])
+                inputs = _pad_rows(inputs, batch_size)
+                target = _pad_rows(target, batch_size)
             with autocast():
                 if self.first:
-                    self.schedule.eval(x)
+                    self.schedule.eval(inputs)
                 elif self.last:
-                    out = self.schedule.eval(target=y, losses=[])
-                    correct += (out[:real].argmax(dim=1) == y[:real]).sum().item()
-                    total += real
+                    self.denominator[0] = 1
+                    out = self.schedule.eval(target=target, losses=[])
+                    for key, value in self.hooks.score(out[:real], target[:real]).items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
                 else:
                     self.schedule.eval()
         model.train()
-        c, n = pdist.all_reduce_sum([correct, float(total)], self.device)
-        return {"val_accuracy": c / max(n, 1)}
+        keys = self.hooks.score_keys
+        totals = pg.all_reduce_sum([sums.get(k, 0.0) for k in keys], self.device)
+        return self.hooks.summarize(dict(zip(keys, totals, strict=True)))
 
 
-def build_pipeline(model: nn.Module, device: torch.device, cfg) -> Pipeline:
-    """Cuts the model for this rank and attaches the schedule (after the model is on `device`)."""
-    import torch.distributed as dist
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros((rows - len(t), *t.shape[1:]))])
+
+
+def build_schedule(
+    model: nn.Module, dims, device: torch.device, cfg: PipelineConfig, hooks: PipelineHooks
+) -> Pipeline:
+    """The PipelineStage over this rank's (wrapped) stage and its schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world < 2:
-        raise UserError("strategy: pipeline needs at least 2 processes (one per stage)")
-    make_stage(model, rank, world, cfg.pipeline.boundaries, cfg.train.channels_last)
-    stage = PipelineStage(model, rank, world, device)
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
-    # the loss of each micro-batch (a mean over its samples); the schedule averages the gradients
-    schedule = kind(stage, n_microbatches=cfg.pipeline.microbatches, loss_fn=F.cross_entropy)
-    return Pipeline(schedule, rank, world, device)
+    stage_index = dims.pp_rank
+    group = dims.submesh("pp").get_group()
+    stage = PipelineStage(model, stage_index, dims.pp, device, group=group)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
+    pipe = Pipeline(None, stage_index, dims.pp, device, hooks)
+
+    def loss_fn(output, target):
+        # summed over the micro-batch, divided by the whole batch's count: the micro-batches'
+        # gradients then add up to the batch mean's (hence scale_grads=False)
+        return hooks.loss_sum(output, target) / pipe.denominator[0]
+
+    pipe.schedule = kind(stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn, scale_grads=False)
+    return pipe

@@ -1,14 +1,23 @@
-"""What is trained: a workload bundles the model, its data and how a batch becomes a loss.
+"""What is trained: a task owns its data, its loss, its evaluation, its metrics and its checks.
 
-train.py's loop is the same for every workload; the differences live here, one file each:
-image classification (tasks/image.py) and causal-LM fine-tuning (tasks/lm.py).
+The run names its task (`task:`; auto picks by data.source and is resolved once, in the config).
+Each task is a module with three functions the rest of paratrain calls:
+
+    check(cfg)                    config-time checks across owners (ValueError naming the field)
+    preflight(cfg, cuda, dims)    checks that need this machine or its files (UserError), once,
+                                  before any process starts
+    build(cfg, env, dims, policy, loader_batch) -> Workload    in every rank
+
+train.py's loop is the same for every task; the differences live in tasks/<name>.py.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -16,11 +25,38 @@ from torch import nn
 
 from paratrain.data.samplers import EpochSampler
 
+TASKS = {
+    "image_classification": "paratrain.tasks.image_classification",
+    "causal_lm": "paratrain.tasks.causal_lm",
+}
+
+
+def task_module(name: str) -> ModuleType:
+    return importlib.import_module(TASKS[name])
+
+
+def resolve_task(task: str, data_source: str) -> str:
+    """`auto` -> the task whose data sources include data.source; an explicit task must read it."""
+    from paratrain.data.loader import TEXT_SOURCES
+
+    by_source = "causal_lm" if data_source in TEXT_SOURCES else "image_classification"
+    if task == "auto":
+        return by_source
+    if task != by_source:
+        kind = "text" if by_source == "causal_lm" else "image"
+        raise ValueError(
+            f"data.source: {data_source} is a {kind} data set, which task {task} does not read; "
+            f"use task {by_source} or another source"
+        )
+    return task
+
 
 @dataclass
 class Workload:
     model: nn.Module
-    """The model with dtype, LoRA and the like applied; not yet compiled or wrapped."""
+    """The model with dtype, LoRA and the like applied; not yet parallelized or compiled."""
+    spec: Any
+    """The model family's ModelSpec (models/spec.py): blocks, TP plan, pipeline cut, FLOPs."""
     train: Iterable
     """Yields batches already on the device; len() is micro-batches per epoch."""
     val: Iterable | None
@@ -29,18 +65,15 @@ class Workload:
     """(model, batch) -> (mean loss, tokens in the batch or None for images)."""
     evaluate: Callable[[nn.Module, Iterable], dict[str, float]]
     """Held-out metrics, already summed over ranks."""
+    pipeline: Any = None
+    """parallel.pipeline.PipelineHooks: how a pipeline's stages split a batch and score it."""
     info: dict[str, Any] = field(default_factory=dict)
     """Facts for result.json (real data or not, classes, tokens, random init, ...)."""
     flops_per_token: float | None = None
-    """For MFU (language models)."""
+    """For MFU (language models), counted on the whole model before any cut or shard."""
     finish: Callable[[nn.Module, Path], dict[str, str]] | None = None
     """Rank-collective; saves artifacts (a LoRA adapter) and returns their paths."""
-    blocks: list[nn.Module] | None = None
-    """Repeated blocks (decoder layers): torch.compile compiles each in place instead of the whole
-    model, so one graph serves every layer and the wrapper code (peft, the loss) stays eager."""
-
-
-def task_of(data_source: str) -> str:
-    from paratrain.data.loader import TEXT_SOURCES
-
-    return "lm" if data_source in TEXT_SOURCES else "image"
+    compile_units: list[nn.Module] | None = None
+    """Repeated units (decoder layers, the chunked loss): torch.compile compiles each in place
+    instead of the whole model, so one graph serves every layer and the wrapper code (peft, the
+    loss) stays eager."""

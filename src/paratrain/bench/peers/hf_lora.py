@@ -42,7 +42,7 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from paratrain.lm.model import SHAPES, building
+    from paratrain.models.causal_lm.build import SHAPES, building
 
     rank, local_rank, world_size = common.world()
     device = common.pick_device(cfg, local_rank)

@@ -1,8 +1,8 @@
-"""The data-parallel wrappers: identity, nn.DataParallel and DistributedDataParallel."""
+"""The replicating data-parallel wrappers: nn.DataParallel (one process) and
+DistributedDataParallel over the mesh's data-parallel group, with its communication hooks."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Literal
@@ -56,11 +56,7 @@ class DDPConfig:
             raise ValueError(f"powersgd_start_step: must be >= 2, got {self.powersgd_start_step}")
 
 
-def apply_single(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
-    return model
-
-
-def apply_dp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
+def apply_dp(model: nn.Module, device: torch.device) -> nn.Module:
     # DataParallel replicates the module onto every visible GPU on each forward and gathers the
     # outputs on GPU 0: one Python process drives all GPUs, which is why DDP beats it.
     if device.type != "cuda":
@@ -68,10 +64,13 @@ def apply_dp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> n
     return nn.DataParallel(model)
 
 
-def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> nn.Module:
-    # DDP broadcasts rank 0's weights at construction, then all-reduces gradients in buckets
-    # during backward, overlapping communication with the rest of the backward pass.
-    ddp = cfg.ddp if cfg is not None else DDPConfig()
+def apply_ddp(
+    model: nn.Module, device: torch.device, ddp: DDPConfig | None = None, group=None
+) -> nn.Module:
+    """DDP over `group` (the mesh's data-parallel ranks; None: all of them). It broadcasts the
+    group's first rank's weights at construction, then all-reduces gradients in buckets during
+    backward, overlapping communication with the rest of the backward pass."""
+    ddp = ddp or DDPConfig()
     # Read by TorchDynamo when it first compiles the wrapped model, i.e. on the first step.
     torch._dynamo.config.optimize_ddp = ddp.split_compiled_graph
     ids = [device.index] if device.type == "cuda" else None
@@ -85,42 +84,47 @@ def apply_ddp(model: nn.Module, device: torch.device, policy=None, cfg=None) -> 
     wrapped = DistributedDataParallel(
         model,
         device_ids=ids,
+        process_group=group,
         bucket_cap_mb=ddp.bucket_cap_mb,
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
         **{sync_kw: ddp.broadcast_buffers},
     )
-    register_compression(wrapped, ddp)
+    register_compression(wrapped, ddp, group)
     return wrapped
 
 
-def register_compression(model: DistributedDataParallel, ddp: DDPConfig) -> None:
+def register_compression(model: DistributedDataParallel, ddp: DDPConfig, group=None) -> None:
     """ddp.gradient_compression as a DDP communication hook: it replaces the reducer's bucket
     all-reduce (and its division by the world size) with its own."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     kind = ddp.gradient_compression
     if kind == "fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        model.register_comm_hook(group, default_hooks.fp16_compress_hook)
     elif kind == "bf16":
-        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        model.register_comm_hook(group, default_hooks.bf16_compress_hook)
     elif kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None,
+            process_group=group,
             matrix_approximation_rank=ddp.powersgd_rank,
             start_powerSGD_iter=ddp.powersgd_start_step,
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-def average_buffers(model: nn.Module) -> None:
+def average_buffers(model: nn.Module, group=None) -> None:
     """Make every rank's floating-point buffers (BatchNorm running mean and variance) the mean
-    over the ranks, in one all-reduce per dtype. Used when DDP does not broadcast them each step
-    (ddp.broadcast_buffers=false), before the model is evaluated or saved."""
+    over the data-parallel ranks (`group`; None: all), in one all-reduce per dtype. Used when DDP
+    does not broadcast them each step (ddp.broadcast_buffers=false), before the model is
+    evaluated or saved."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    size = dist.get_world_size(group)
+    if size == 1:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for buf in unwrap(model).buffers():
@@ -128,30 +132,11 @@ def average_buffers(model: nn.Module) -> None:
             by_dtype.setdefault(buf.dtype, []).append(buf)
     for bufs in by_dtype.values():
         flat = _flatten_dense_tensors([b.detach() for b in bufs])
-        dist.all_reduce(flat)  # SUM then divide: gloo has no AVG
-        flat /= dist.get_world_size()
+        dist.all_reduce(flat, group=group)  # SUM then divide: gloo has no AVG
+        flat /= size
         with torch.no_grad():
             for b, mean in zip(bufs, _unflatten_dense_tensors(flat, bufs), strict=True):
                 b.copy_(mean)
-
-
-@contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool):
-    """Skip the gradient all-reduce (DDP's no_sync) or reduce-scatter (FSDP2) on micro-batches
-    that are not the last of a gradient-accumulation step."""
-    if enabled:
-        yield
-    elif hasattr(model, "no_sync"):
-        with model.no_sync():
-            yield
-    elif hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    else:
-        yield
 
 
 def unwrap(model: nn.Module) -> nn.Module:

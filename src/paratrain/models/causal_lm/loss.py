@@ -8,6 +8,10 @@ positions whose label is -100 (the prompt, padding) never reach lm_head at all.
 
 With model.kernels=liger the same wrapper calls Liger-Kernel's fused linear cross-entropy instead
 (a Triton kernel that computes each chunk's logits, loss and gradients in one pass, on CUDA).
+
+Under tensor parallelism the wrapper computes lm_head and the loss itself (mode "logits"): the
+logits are split over the vocabulary (a DTensor) and torch's loss_parallel computes the
+cross-entropy on the shards; the training step runs forward and backward inside that context.
 """
 
 from __future__ import annotations
@@ -71,8 +75,26 @@ def liger_cross_entropy(
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight, h, y)
 
 
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, T, V] against labels [B, T] shifted by one. The labels
+    are shifted (padded at the end), not the logits, so logits split over the vocabulary (a
+    DTensor under loss_parallel) are only flattened, never sliced."""
+    shifted = F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
+    return F.cross_entropy(logits.flatten(0, 1).float(), shifted.flatten(), ignore_index=IGNORE)
+
+
+def next_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The summed next-token loss (a pipeline divides it by the whole batch's token count)."""
+    shifted = F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), shifted.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+
+
 class ChunkedLossLM(nn.Module):
-    """Wraps a causal LM (a peft model too) so that its forward returns the chunked loss.
+    """Wraps a causal LM (a peft model too) so that its forward returns the loss computed here:
+    chunked (chunk > 0), through Liger's fused kernel (fused = liger / liger-loss), or from whole
+    logits (chunk = 0, fused = none; the tensor-parallel path).
 
     The wrapper, not the model, is what DDP or FSDP wraps: their hooks must see the whole forward.
     """
@@ -104,6 +126,8 @@ class ChunkedLossLM(nn.Module):
         ).last_hidden_state
         if self.fused.startswith("liger"):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
+        elif not self.chunk:
+            loss = next_token_loss(base.lm_head(hidden), labels)
         else:
             loss = chunked_cross_entropy(
                 hidden, labels, base.lm_head.weight, self.chunk, self.chunk_loss

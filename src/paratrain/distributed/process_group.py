@@ -1,5 +1,6 @@
 """Process group and rank helpers. NCCL on GPUs, gloo on the CPU; torchrun (or SLURM, mapped in
-launch.py) provides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT."""
+launch.py) provides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. The mesh over the
+ranks is parallel_dims.py's."""
 
 from __future__ import annotations
 
@@ -59,19 +60,6 @@ def init_distributed(preference: str, multiprocess: bool) -> DistEnv:
     return DistEnv(rank, local_rank, world, device, backend)
 
 
-_MESH = None
-
-
-def data_parallel_mesh(device: torch.device):
-    """The one-axis DeviceMesh over all ranks ("dp"), built once: the only place that makes a mesh."""
-    global _MESH
-    if _MESH is None:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        _MESH = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
-    return _MESH
-
-
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
@@ -109,7 +97,5 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    global _MESH
-    _MESH = None
     if dist.is_initialized():
         dist.destroy_process_group()

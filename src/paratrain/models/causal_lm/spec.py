@@ -1,0 +1,257 @@
+"""CausalLMSpec: what parallel/ may know of a Hugging Face causal LM of the Llama layout
+(model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
+model.norm, model.rotary_emb, lm_head), under peft's LoRA wrapper or not.
+
+The tensor-parallel plan is Megatron-LM's (Shoeybi et al. 2019) as torch.distributed.tensor.parallel
+writes it: q/k/v and gate/up split by output columns (each rank holds whole heads), o and down by
+input rows, so attention and the MLP each need one reduction. With sequence parallelism
+(Korthikanti et al. 2022) the norms and the residual stream between them are split along the
+sequence, and that reduction becomes a reduce-scatter plus an all-gather at the next block.
+The embedding is split over the vocabulary and returns whole (replicated) activations, so
+transformers' own code between embedding and first layer (causal mask, rotary positions) sees
+the full sequence; the first layer takes its sequence shard from them.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.errors import UserError
+from paratrain.models.causal_lm.build import decoder_layers
+
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o_proj", "down_proj")
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under peft's wrapper and paratrain's loss wrapper."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def check_parallel(config: Any, *, tp: int, pp: int) -> None:
+    """Shape checks on a transformers config (or SHAPES entry): heads, widths and vocabulary must
+    split evenly over tp, layers over pp; one line naming the field, before anything launches."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if tp > 1:
+        for key in (
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
+            value = get(key)
+            if value is not None and value % tp:
+                raise UserError(
+                    f"parallel.tp: {tp} does not divide the model's {key} ({value}); "
+                    f"use a tp that divides it"
+                )
+    if pp > 1:
+        layers = get("num_hidden_layers")
+        if layers < pp:
+            raise UserError(
+                f"parallel.pp: {pp} pipeline stages but the model has only {layers} decoder layers"
+            )
+        if get("tie_word_embeddings", False):
+            raise UserError(
+                "parallel.pp: the model ties lm_head to the input embedding, which a pipeline would "
+                "put on two stages; use tp / fsdp for it, or an untied model"
+            )
+
+
+class CausalLMSpec:
+    family = "causal_lm"
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        return decoder_layers(model)
+
+    # ------------------------------------------------------------------ pipeline and split
+
+    def pipeline_units(self, model: nn.Module) -> int:
+        return len(base_model(model).model.layers)
+
+    def make_stage(self, model, keep, stage, stages, **options):
+        """This rank's decoder layers `keep` (the embedding on the first stage, norm and lm_head
+        on the last); forward(input ids or hidden states) -> hidden states, or logits on the
+        last stage. No attention mask crosses the stages: rows are right-padded, so causal
+        attention (sdpa's is_causal) never lets a real token see a pad, and pads carry no loss."""
+        base = base_model(model)
+        inner = base.model
+        first, last = stage == 0, stage == stages - 1
+        for i in range(len(inner.layers)):
+            if i not in keep:
+                inner.layers[i] = nn.Identity()
+        if not first:
+            inner.embed_tokens = nn.Identity()
+        if not last:
+            inner.norm = nn.Identity()
+            base.lm_head = nn.Identity()
+        layers = [inner.layers[i] for i in keep]
+        # With sequence parallelism each rank holds 1/tp of the sequence between layers.
+        shards = options.get("sequence_shards", 1)
+
+        def forward(self, x):
+            h = inner.embed_tokens(x) if first else x
+            length = x.shape[1] if first else h.shape[1] * shards
+            positions = torch.arange(length, device=h.device).unsqueeze(0)
+            rope = inner.rotary_emb(h, positions)
+            for layer in layers:
+                out = layer(
+                    h, attention_mask=None, position_ids=positions, position_embeddings=rope
+                )
+                h = out[0] if isinstance(out, tuple) else out  # older transformers: a tuple
+            return base.lm_head(inner.norm(h)) if last else h
+
+        model.forward = types.MethodType(forward, model)
+        return model
+
+    def split_units(self, model: nn.Module) -> list[nn.Module]:
+        base = base_model(model)
+        if base.config.tie_word_embeddings:
+            raise UserError(
+                "strategy: split puts the embedding and lm_head on different GPUs, and this model "
+                "ties them; use tp or fsdp"
+            )
+        inner = base.model
+        return [inner.embed_tokens, *inner.layers, inner.norm, base.lm_head]
+
+    # ------------------------------------------------------------------ tensor parallel
+
+    def tp_plan(
+        self,
+        model: nn.Module,
+        *,
+        sequence_parallel: bool = True,
+        loss_parallel: bool = True,
+        local_inputs: bool = False,
+    ) -> dict[str, Any]:
+        """{module path in `model`: ParallelStyle}. Modules a pipeline stage replaced by
+        nn.Identity are left out.
+
+        local_inputs: attention and the MLP get plain (replicated) tensors rather than DTensors.
+        LoRA needs it: peft's adapter layers are plain nn.Linear beside the split base layer.
+        For an adapter on a column-split layer, lora_B is split by columns like its base (lora_A
+        stays whole: its output gradient arrives summed over the ranks); on a row-split layer,
+        lora_A is split by rows (its output is reduced like the base's) and lora_B stays whole.
+        """
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        base = base_model(model)
+        inner = base.model
+        sp = sequence_parallel
+        between = Shard(1) if sp else Replicate()  # the residual stream's layout between blocks
+        plan: dict[str, Any] = {}
+        if isinstance(inner.embed_tokens, nn.Embedding):
+            plan["model.embed_tokens"] = RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate()
+            )
+        if isinstance(base.lm_head, nn.Linear):
+            plan["lm_head"] = ColwiseParallel(
+                input_layouts=between,
+                output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                use_local_output=not loss_parallel,
+            )
+            if sp:
+                plan["model.norm"] = SequenceParallel()
+        for i, layer in enumerate(inner.layers):
+            if isinstance(layer, nn.Identity):
+                continue
+            p = f"model.layers.{i}"
+            if sp and i == 0:  # whole activations from the embedding -> this rank's sequence shard
+                plan[p] = PrepareModuleInput(
+                    input_layouts=(Replicate(),),
+                    desired_input_layouts=(Shard(1),),
+                    use_local_output=True,
+                )
+            if sp:
+                plan[f"{p}.input_layernorm"] = SequenceParallel()
+                plan[f"{p}.post_attention_layernorm"] = SequenceParallel()
+                plan[f"{p}.self_attn"] = PrepareModuleInput(
+                    input_kwarg_layouts={"hidden_states": Shard(1)},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                    use_local_output=local_inputs,
+                )
+                plan[f"{p}.mlp"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_output=local_inputs,
+                )
+            for parent in ("self_attn", "mlp"):
+                for name, module in layer.get_submodule(parent).named_children():
+                    path = f"{p}.{parent}.{name}"
+                    if name in COLWISE:
+                        plan.update(_colwise(path, module))
+                    elif name in ROWWISE:
+                        plan.update(_rowwise(path, module, between))
+        # the paths above are the transformers model's; peft's and the loss wrapper's sit above
+        prefix = next(name for name, m in model.named_modules() if m is base)
+        return {f"{prefix}.{k}" if prefix else k: v for k, v in plan.items()}
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float:
+        """Training FLOPs per token.
+
+        Full training: 6N (2N forward, 4N backward: gradients for activations and for weights;
+        PaLM, Chowdhery et al. 2022, App. B) plus attention 12 * layers * hidden * seq_len.
+        LoRA: the frozen weights need no weight gradients, so 4N (2N forward, 2N for activation
+        gradients) plus the same attention term (its score/value products have no weights and
+        run forward and backward whatever is trained), plus 6 x the adapters' own parameters.
+        N counts non-embedding parameters of the base model (the embedding lookup is not a
+        matmul).
+        """
+        inner = base_model(model)
+        cfg = inner.config
+        embed = cfg.vocab_size * cfg.hidden_size
+        base = sum(p.numel() for n, p in inner.named_parameters() if "lora_" not in n) - embed
+        attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
+        if not lora:
+            return 6 * base + attention
+        adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
+        return 4 * base + attention + 6 * adapters
+
+
+def _colwise(path: str, module: nn.Module) -> dict[str, Any]:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    if hasattr(module, "base_layer"):  # peft's LoRA layer around the projection
+        return {f"{path}.base_layer": ColwiseParallel(), **_adapters(path, module, "lora_B", None)}
+    return {path: ColwiseParallel()}
+
+
+def _rowwise(path: str, module: nn.Module, output) -> dict[str, Any]:
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, SequenceParallel
+
+    if hasattr(module, "base_layer"):
+        # lora_A reduces its partial products like the base layer; lora_B, whole, then works on
+        # the same (sequence-sharded) activations and its weight's gradient is summed over ranks.
+        plan = {f"{path}.base_layer": RowwiseParallel(output_layouts=output)}
+        plan.update(_adapters(path, module, "lora_A", output))
+        if isinstance(output, Shard):
+            plan.update(
+                {
+                    f"{path}.lora_B.{k}": SequenceParallel(use_local_output=True)
+                    for k in module.lora_B
+                }
+            )
+        return plan
+    return {path: RowwiseParallel(output_layouts=output)}
+
+
+def _adapters(path: str, module: nn.Module, which: str, output) -> dict[str, Any]:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    style = (
+        (lambda: ColwiseParallel())
+        if output is None
+        else (lambda: RowwiseParallel(output_layouts=output))
+    )
+    return {f"{path}.{which}.{name}": style() for name in getattr(module, which)}

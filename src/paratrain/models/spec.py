@@ -1,0 +1,44 @@
+"""ModelSpec: what the parallel layer may know about a model family, and nothing more.
+
+parallel/ applies tensor parallelism, activation checkpointing, compilation, FSDP / DDP, pipeline
+cuts and layer splits from outside the model. It never names a model class: it asks the spec of
+the model's family for
+
+- blocks(model): the repeated units (decoder layers, trunk blocks): FSDP's units, what activation
+  checkpointing recomputes, what regional compilation compiles one by one;
+- pipeline_units(model) and make_stage(model, keep, stage, stages): the model as a chain of units
+  in forward order, and this rank's stage of it (the other units replaced by parameterless
+  nn.Identity so parameter names stay the whole model's);
+- split_units(model): the chain again, for the one-process layer split;
+- tp_plan(model, ...): {module path: ParallelStyle} for torch.distributed.tensor.parallel, or a
+  one-line refusal for families that have none;
+- flops_per_token(model, seq_len, trainable): training FLOPs for MFU (None where it is not
+  counted).
+
+One spec per family: models/vision.py (torchvision classifiers, the tiny CNN, a user's builder)
+and models/causal_lm/spec.py (Hugging Face causal LMs of the Llama layout).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import nn
+
+
+class ModelSpec(Protocol):
+    family: str
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]: ...
+
+    def pipeline_units(self, model: nn.Module) -> int: ...
+
+    def make_stage(
+        self, model: nn.Module, keep: range, stage: int, stages: int, **options: Any
+    ) -> nn.Module: ...
+
+    def split_units(self, model: nn.Module) -> list[nn.Module]: ...
+
+    def tp_plan(self, model: nn.Module, **options: Any) -> dict[str, Any]: ...
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float | None: ...

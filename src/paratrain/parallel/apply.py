@@ -1,0 +1,122 @@
+"""Parallelism applied from outside the model, in one fixed order (torchtitan's
+parallelize_llama). Nothing here names a model class: the model's spec (models/spec.py) says
+what its blocks are and how its layers split.
+
+    0. pipeline cut (parallel/pipeline.py, before this): the rank keeps its stage's units
+    1. tensor parallel: weights become DTensors on the tp axis before anything wraps them
+    2. activation checkpointing around each block (recomputation repeats TP's collectives)
+    3. torch.compile: each repeated block in place (regional), or the whole model
+    4. data parallel last, so it sees the final module: FSDP2 (dp_shard, HSDP on
+       dp_replicate x dp_shard, and whenever weights are DTensors), DDP (dp_replicate alone),
+       or nn.DataParallel (strategy=dp)
+    (5. pipeline schedule over the wrapped stage, parallel/pipeline.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+from torch import nn
+
+from paratrain.parallel import STRATEGIES
+from paratrain.parallel.ac import apply_activation_checkpointing
+from paratrain.parallel.ddp import apply_ddp, apply_dp
+from paratrain.parallel.fsdp import apply_fsdp
+from paratrain.parallel.tp import apply_tp
+
+Wrapper = Literal["ddp", "fsdp", "data-parallel", None]
+
+
+def data_parallel_wrapper(strategy: str, dims) -> Wrapper:
+    """Which wrapper the data-parallel axes take. DDP cannot replicate DTensor weights, so with
+    tensor parallelism the replicated axis is FSDP2's too (a dp_shard of 1 shards nothing)."""
+    named = STRATEGIES[strategy].wrapper
+    if named == "data-parallel":
+        return named
+    if dims.dp_shard > 1 or named == "fsdp":
+        return "fsdp"
+    if dims.dp_replicate > 1:
+        return "fsdp" if dims.tp > 1 else "ddp"
+    return named
+
+
+def parallelize(
+    model: nn.Module,
+    spec,
+    dims,
+    *,
+    wrapper: Wrapper,
+    device: torch.device,
+    policy,
+    train,
+    ddp,
+    parallel,
+    lora: bool,
+    compile_units: list[nn.Module] | None,
+) -> tuple[nn.Module, nn.Module]:
+    """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
+    whose forward is a collective)."""
+    if dims.tp > 1:  # 1
+        plan = spec.tp_plan(
+            model,
+            sequence_parallel=parallel.sequence_parallel,
+            loss_parallel=uses_loss_parallel(dims, parallel),
+            local_inputs=lora,  # peft's adapter layers take plain tensors
+        )
+        apply_tp(model, plan, dims.submesh("tp"))
+    if train.activation_checkpointing:  # 2
+        apply_activation_checkpointing(spec.blocks(model))
+    inner = model
+    if train.compile and compile_units:  # 3
+        # Regional compilation (as torchtitan does): each decoder layer compiled in place; the
+        # layers share one graph, so compile time does not grow with depth, and peft's wrappers
+        # and the loss run eagerly around them. FSDP then shards the compiled layers.
+        for unit in compile_units:
+            unit.compile(**train.compile_kwargs())
+    elif train.compile:
+        inner = torch.compile(model, **train.compile_kwargs())
+    if wrapper == "fsdp":  # 4
+        axes = ("dp_replicate", "dp_shard") if dims.dp_replicate > 1 else ("dp_shard",)
+        return apply_fsdp(inner, spec.blocks(model), dims.submesh(*axes), policy), inner
+    if wrapper == "ddp":
+        group = dims.dp_mesh.get_group() if dims.world_size > dims.dp_size else None
+        return apply_ddp(inner, device, ddp, group), inner
+    if wrapper == "data-parallel":
+        wrapped = apply_dp(inner, device)
+        return wrapped, wrapped
+    return inner, inner
+
+
+def uses_loss_parallel(dims, parallel) -> bool:
+    """Vocabulary-sharded logits and loss (a DTensor the pipeline's stage outputs cannot be)."""
+    return dims.tp > 1 and parallel.loss_parallel and dims.pp == 1
+
+
+def step_context(dims, parallel) -> contextlib.AbstractContextManager:
+    """What forward and backward of a step run inside: torch's loss_parallel under TP."""
+    if uses_loss_parallel(dims, parallel):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Skip the gradient all-reduce (DDP's no_sync) or reduce-scatter (FSDP2) on micro-batches
+    that are not the last of a gradient-accumulation step."""
+    if enabled:
+        yield
+    elif hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield

@@ -1,0 +1,309 @@
+"""Causal-LM training (seed 000 §5): a Hugging Face model, LoRA adapters or every weight,
+instruction data or random tokens; next-token loss, held-out loss and perplexity, tokens/s, MFU."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from paratrain.data.loader import TEXT_FORMATS
+from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.distributed import process_group as pg
+from paratrain.errors import UserError
+from paratrain.lm import data as lmdata
+from paratrain.models.causal_lm.build import SHAPES, build_causal_lm
+from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
+from paratrain.models.causal_lm.lora import apply_lora
+from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum
+from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
+from paratrain.parallel.pipeline import PipelineHooks
+from paratrain.tasks import Workload
+
+SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
+
+
+def check(cfg) -> None:
+    """Config-time checks of this task (ValueError naming the field)."""
+    m, p = cfg.model, cfg.parallel
+    if m.path is None and m.init != "random":
+        raise ValueError(
+            "model.path: a text data set fine-tunes a language model; set model.path to a "
+            "Hugging Face checkpoint, or model.init=random with model.shape"
+        )
+    if cfg.strategy == "dp":
+        raise ValueError("strategy: dp is for image models; use ddp-ds or fsdp for language models")
+    if m.loss_chunk_tokens and "lm_head" in cfg.lora.target_modules:
+        raise ValueError(
+            "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
+            "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
+        )
+    if p.tp != 1:
+        for field, value, off in (
+            ("model.kernels", m.kernels, "none"),
+            ("model.fp8", m.fp8, "none"),
+            ("model.loss_chunk_tokens", m.loss_chunk_tokens, 0),
+        ):
+            if value != off:
+                raise ValueError(
+                    f"{field}: {value} is not built for tensor-parallel (DTensor) weights yet; "
+                    f"set {field.split('.')[1]}={off} with parallel.tp"
+                )
+        if cfg.lora.enabled and "lm_head" in cfg.lora.target_modules:
+            raise ValueError("lora.target_modules: lm_head takes no adapter under parallel.tp")
+    if p.pp != 1:
+        if cfg.data.packing:
+            raise ValueError(
+                "data.packing: packed rows need a block-diagonal mask, which pipeline stages do "
+                "not pass; set data.packing=false with parallel.pp"
+            )
+        if m.attn_implementation not in ("sdpa", "flash_attention_2"):
+            raise ValueError(
+                f"model.attn_implementation: pipeline stages rely on causal attention without a "
+                f"mask (sdpa, flash_attention_2), got {m.attn_implementation}"
+            )
+        if m.loss_chunk_tokens or m.kernels != "none":
+            raise ValueError(
+                "model.loss_chunk_tokens: a pipeline's last stage computes the loss itself; set "
+                "loss_chunk_tokens=0 and kernels=none with parallel.pp"
+            )
+
+
+def model_config(cfg):
+    """The model's shape (a named SHAPES entry or the checkpoint's config.json): read cheaply
+    before launch, for the degree checks."""
+    if cfg.model.path is None:
+        return SHAPES[cfg.model.shape]
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model.path)
+
+
+def preflight(cfg, cuda: bool, dims) -> None:
+    check_kernels(cfg.model.kernels, "cuda" if cuda else "cpu")
+    check_fp8(cfg.model.fp8, "cuda" if cuda else "cpu")
+    if cfg.data.source in TEXT_FORMATS:
+        lmdata.check_path(cfg.data.path)
+    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
+        raise UserError(
+            f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
+        )
+    check_parallel(model_config(cfg), tp=dims.tp, pp=dims.pp)
+
+
+def _examples(cfg, tokenizer, vocab: int):
+    d = cfg.data
+    if d.source == "synthetic-text":
+        return lmdata.synthetic_examples(
+            SYNTHETIC_ROWS, d.max_length, min(vocab, len(tokenizer)), cfg.seed
+        )
+    records = lmdata.read_records(d.path, d.split)
+    if d.limit_samples is not None:
+        records = records[: d.limit_samples]
+    return lmdata.tokenize(
+        records,
+        d.source,
+        tokenizer,
+        max_length=d.max_length,
+        truncation=d.truncation,
+        where=f"data.path {d.path}",
+    )
+
+
+def trained_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Positions the loss is averaged over (labels shift by one; -100 is not trained)."""
+    return (labels[:, 1:] != lmdata.IGNORE).sum()
+
+
+def score(logits: torch.Tensor, labels: torch.Tensor) -> dict:
+    return {"loss_sum": next_token_loss_sum(logits, labels), "tokens": trained_tokens(labels)}
+
+
+def summarize(sums: dict[str, float]) -> dict[str, float]:
+    mean = sums["loss_sum"] / max(sums["tokens"], 1)
+    return {"val_loss": mean, "val_perplexity": float(torch.exp(torch.tensor(min(mean, 50.0))))}
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss computed on vocabulary shards (a DTensor) as a plain tensor, for sums."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+    from paratrain.lm.tokenizer import load_tokenizer
+
+    d, m = cfg.data, cfg.model
+    tokenizer = load_tokenizer(m.path)
+    # Frozen base weights live in the autocast dtype (half the memory); trainable ones in fp32.
+    base_dtype = (
+        policy.autocast_dtype
+        if (cfg.lora.enabled and policy.autocast_dtype)
+        else policy.param_dtype
+    )
+    model = build_causal_lm(m.path, m.init, m.shape, m.attn_implementation, base_dtype, env.device)
+    # the KV cache is for generation; training only wastes memory on it
+    model.config.use_cache = False
+    model = apply_kernels(model, m.kernels, env.device)
+    model = apply_fp8(model, m.fp8, env.device)
+    model = apply_lora(model, cfg.lora).to(env.device)
+    spec = CausalLMSpec()
+    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp > 1:
+        # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits
+        fused = "none" if m.loss_chunk_tokens else m.kernels
+        model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
+
+    examples = _examples(cfg, tokenizer, model.config.vocab_size)
+    n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
+    val_ex, train_ex = examples[:n_val], examples[n_val:]
+    if d.packing and m.fp8 != "none" and d.max_length % 16:
+        raise UserError(  # packed rows are max_length wide; float8 matmuls need multiples of 16
+            f"data.max_length: {d.max_length} is not a multiple of 16, which model.fp8 needs "
+            "with data.packing"
+        )
+    if d.packing:
+        train_rows = lmdata.pack(train_ex, d.max_length, tokenizer.pad_token_id)
+        val_rows = lmdata.pack(val_ex, d.max_length, tokenizer.pad_token_id)
+    else:
+        train_rows, val_rows = train_ex, val_ex
+    needed = loader_batch * (dims.dp_size if d.sampler != "full" else 1)
+    if len(train_rows) < needed:
+        raise UserError(
+            f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
+            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+        )
+    # Row widths: float8 matmuls need multiples of 16; sequence parallelism splits the sequence
+    # over the tp ranks; a pipeline's stages exchange fixed-size activations, so its rows are
+    # max_length wide.
+    multiple = 16 if m.fp8 != "none" else 1
+    if dims.tp > 1 and cfg.parallel.sequence_parallel:
+        multiple = math.lcm(multiple, dims.tp)
+    collate = lmdata.Collate(
+        tokenizer.pad_token_id,
+        d.packing,
+        multiple,
+        width=d.max_length if dims.pp > 1 else None,
+    )
+    pin = d.pin_memory and env.device.type == "cuda"
+    sampler = EpochSampler(
+        build_sampler(
+            d.sampler,
+            len(train_rows),
+            rank=dims.dp_rank,
+            world=dims.dp_size,
+            shuffle=d.shuffle,
+            seed=cfg.seed,
+        )
+    )
+    common = dict(
+        collate_fn=collate,
+        num_workers=d.num_workers,
+        pin_memory=pin,
+        persistent_workers=d.persistent_workers,
+        prefetch_factor=d.prefetch_factor,
+    )
+    train = DataLoader(
+        lmdata.TokenRows(train_rows),
+        batch_size=loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed + dims.dp_rank),
+        **common,
+    )
+    val = None
+    if val_rows:
+        # even: under FSDP every forward is a collective, so every rank must run the same count.
+        val_sampler = RoundRobinSampler(
+            len(val_rows), dims.dp_size, dims.dp_rank, shuffle=False, even=True
+        )
+        val = DataLoader(
+            lmdata.TokenRows(val_rows), batch_size=loader_batch, sampler=val_sampler, **common
+        )
+
+    def on_device(loader):
+        class Moved:
+            def __len__(self):
+                return len(loader)
+
+            def __iter__(self):
+                for batch in loader:
+                    yield {
+                        k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
+                    }
+
+        return Moved()
+
+    def loss(model, batch):
+        tokens = batch["num_tokens"]
+        inputs = {k: v for k, v in batch.items() if k != "num_tokens"}
+        return model(**inputs).loss, tokens
+
+    @torch.no_grad()
+    def evaluate(model, loader) -> dict[str, float]:
+        """Token-weighted held-out loss (and perplexity), summed over ranks."""
+        model.eval()
+        total = torch.zeros((), device=env.device, dtype=torch.float64)
+        count = torch.zeros((), device=env.device, dtype=torch.float64)
+        for batch in loader:
+            n = trained_tokens(batch["labels"])
+            with policy.autocast():
+                out = model(**{k: v for k, v in batch.items() if k != "num_tokens"})
+                total += _plain(out.loss).double() * n
+            count += n
+        s, c = pg.all_reduce_sum([total.item(), count.item()], env.device)
+        return summarize({"loss_sum": s, "tokens": c})
+
+    def finish(model, out_dir: Path) -> dict[str, str]:
+        from paratrain.lm.save import save_adapter
+
+        return save_adapter(
+            model,
+            out_dir,
+            tokenizer,
+            merged=cfg.lora.save_merged,
+            is_main=env.is_main,
+            pipelined=dims.pp > 1,
+        )
+
+    seq_len = (
+        d.max_length
+        if d.packing or d.source == "synthetic-text" or dims.pp > 1
+        else max(len(r[0]) for r in train_rows)
+    )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return Workload(
+        model=model,
+        spec=spec,
+        train=on_device(train),
+        val=on_device(val) if val is not None else None,
+        sampler=sampler,
+        loss=loss,
+        evaluate=evaluate,
+        pipeline=PipelineHooks(
+            split=lambda b: (b["input_ids"], b["labels"], trained_tokens(b["labels"])),
+            loss_sum=next_token_loss_sum,
+            score=score,
+            summarize=summarize,
+            score_keys=("loss_sum", "tokens"),
+            tokens=lambda b: b["num_tokens"],
+        ),
+        flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
+        finish=finish if cfg.lora.enabled else None,
+        compile_units=spec.blocks(model)
+        + (
+            [model.chunk_loss]
+            if isinstance(model, ChunkedLossLM) and model.chunk and model.fused == "none"
+            else []
+        ),
+        info={
+            "data_real": d.source != "synthetic-text",
+            "random_init": m.init == "random",
+            "kernels": m.kernels,
+            "fp8": m.fp8,
+            "pin_memory": pin,
+            "train_rows": len(train_rows),
+            "trainable_parameters": trainable,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )

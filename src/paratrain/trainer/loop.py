@@ -1,0 +1,161 @@
+"""The training loop. Read `train` top to bottom: set-up (trainer/setup.py), the steps
+(trainer/step.py: forward, loss, backward, optimizer step), evaluation at the end of each epoch,
+checkpoints, the result (trainer/result.py).
+
+Every rank runs this function; rank 0 alone prints, shows the bar and writes files.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from paratrain import metrics
+from paratrain.distributed import process_group as pg
+from paratrain.parallel import ONE_PROCESS
+from paratrain.profiling import StepProfiler
+from paratrain.telemetry import GpuSampler
+from paratrain.trainer import result as results
+from paratrain.trainer.measure import (
+    Meter,
+    TrainClock,
+    gc_pause,
+    gc_schedule,
+    gc_tick,
+    lr_at,
+    sdpa_priority,
+    set_lr,
+)
+from paratrain.trainer.setup import Run, deterministic_env, setup
+from paratrain.trainer.step import train_step
+
+
+def train(cfg) -> dict[str, Any]:
+    deterministic_env(cfg)
+    env = pg.init_distributed(cfg.device, cfg.strategy not in ONE_PROCESS)
+    try:
+        with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
+            run = setup(cfg, env)
+            return _loop(run)
+    finally:
+        pg.shutdown()
+
+
+def _loop(run: Run) -> dict[str, Any]:
+    cfg, env, state, tc = run.cfg, run.env, run.state, run.cfg.train
+    device, work = env.device, run.work
+    label = f"{results.strategy_label(run)} x{env.world_size} {cfg.precision}" + (
+        " [redundant data]" if run.redundant else ""
+    )
+    progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
+    progress.update(state.step)
+    metrics.reset_peak_memory(device)
+    clock = TrainClock(device)
+    meter = Meter(device, state.step, tc.warmup_steps, tc.profile_steps)
+    gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
+    profiler = StepProfiler(device, tc.profile_steps, run.out_dir, env.is_main)
+    start_step = state.step
+    epochs: list[dict[str, Any]] = []
+    run_start = time.perf_counter()
+    has_loss = run.pipe is None or run.pipe.last  # a pipeline's loss lives on its last stage
+
+    # ================================================================ the loop
+    gc_pause(tc.gc_every_steps)
+    while state.step < run.total_steps:
+        skip = state.step_in_epoch * run.k * run.loader_batch  # resume mid-epoch
+        work.sampler.set_epoch(state.epoch, skip=skip)
+        run.model.train()
+        epoch_first_step, epoch_clock, epoch_wall = state.step, clock.elapsed(), time.perf_counter()
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        batches = iter(work.train)
+        clock.resume()
+        while state.step_in_epoch < run.steps_per_epoch and state.step < run.total_steps:
+            if state.step - start_step == tc.warmup_steps:
+                profiler.start()  # when asked for: the steps right after warm-up
+            if meter.at_warm_mark(state.step):
+                profiler.stop()
+                meter.mark(state.step, clock)  # throughput counts from here
+                gpu.start()
+            set_lr(run.optimizer, lr_at(state.step, run.total_steps, tc))
+
+            loss, tokens = train_step(run, batches)  # forward, backward, optimizer step
+
+            if loss is not None:
+                loss_sum += loss
+            if tokens is not None:
+                meter.tokens += tokens
+            state.step += 1
+            state.step_in_epoch += 1
+            gc_tick(tc.gc_every_steps, state.step)
+
+            if env.is_main and cfg.log.progress and state.step % cfg.log.every_steps == 0:
+                done = state.step - epoch_first_step
+                rate = run.unique_per_step * done / max(clock.elapsed() - epoch_clock, 1e-9)
+                progress.update(state.step, rate, loss_sum.item() / done if has_loss else None)
+            else:
+                progress.update(state.step)
+            every = cfg.checkpoint.every_steps
+            if every and state.step % every == 0 and state.step < run.total_steps:
+                clock.pause()
+                run.sync_buffers()
+                run.save()
+                clock.resume()
+        clock.pause()
+
+        epoch_steps = state.step - epoch_first_step
+        train_s = clock.elapsed() - epoch_clock
+        (loss_total,) = pg.all_reduce_sum([loss_sum.item()], device)
+        record = {
+            "epoch": state.epoch,
+            "steps": epoch_steps,
+            "train_s": train_s,
+            # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
+            # stages only the last has it
+            "train_loss": loss_total / (env.world_size // run.dims.pp) / max(epoch_steps, 1),
+            "unique_samples_per_s": run.unique_per_step * epoch_steps / max(train_s, 1e-9),
+        }
+        if state.step_in_epoch >= run.steps_per_epoch:
+            state.epoch += 1
+            state.step_in_epoch = 0
+        if work.val is not None and tc.eval:
+            run.sync_buffers()
+            with run.step_context():
+                if run.pipe is not None:
+                    held = run.pipe.evaluate(
+                        run.eval_model, work.val, run.policy.autocast, run.loader_batch
+                    )
+                else:
+                    held = work.evaluate(run.eval_model, work.val)
+            record.update(held)
+        record["wall_s"] = time.perf_counter() - epoch_wall  # training + evaluation
+        epochs.append(record)
+        if env.is_main:
+            progress.print(results.epoch_line(record))
+    # ================================================================ end of loop
+
+    progress.close()
+    profiler.stop()  # a run too short to reach its measured steps
+    telemetry = pg.all_gather_object(gpu.stop())
+    run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
+    if cfg.checkpoint.at_end and state.step > start_step:
+        run.save()
+    artifacts = work.finish(run.model, run.out_dir) if work.finish is not None else {}
+    result = results.build(
+        run,
+        epochs=epochs,
+        start_step=start_step,
+        window=meter.window(state.step, clock),
+        tokens=meter.tokens,
+        train_s=clock.elapsed(),
+        wall_s=time.perf_counter() - run_start,
+        telemetry=telemetry,
+        profile=profiler.summary,
+        artifacts=artifacts,
+    )
+    if env.is_main:
+        metrics.write_json(run.out_dir / "result.json", result)
+        results.print_summary(result)
+    pg.barrier()
+    return result

@@ -1,0 +1,120 @@
+"""What the loop measures and how it keeps the measurement honest: the training clock (evaluation
+and checkpointing paused out of it), the warm-up mark (throughput counts from there), token
+counts, the learning-rate schedule, garbage-collection timing and the attention kernel order."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import random
+
+import numpy as np
+import torch
+
+from paratrain import metrics
+
+
+class TrainClock:
+    """Seconds spent training, with evaluation and checkpointing paused out of it."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.total, self.started = device, 0.0, None
+
+    def resume(self) -> None:
+        if self.started is None:
+            self.started = metrics.now(self.device)
+
+    def pause(self) -> None:
+        if self.started is not None:
+            self.total += metrics.now(self.device) - self.started
+            self.started = None
+
+    def elapsed(self) -> float:
+        running = metrics.now(self.device) - self.started if self.started is not None else 0.0
+        return self.total + running
+
+
+class Meter:
+    """The measured window: steps and tokens after warm-up (and after profiled steps)."""
+
+    def __init__(self, device: torch.device, start_step: int, warmup: int, profiled: int):
+        self.start_step, self.first_measured = start_step, warmup + profiled
+        self.warm_step: int | None = None
+        self.warm_clock = 0.0
+        # language models: non-padding tokens, counted on the device (no sync per step)
+        self.tokens = torch.zeros((), device=device, dtype=torch.int64)
+        self.tokens_at_warm = 0
+
+    def at_warm_mark(self, step: int) -> bool:
+        return self.warm_step is None and step - self.start_step == self.first_measured
+
+    def mark(self, step: int, clock: TrainClock) -> None:
+        self.warm_step, self.warm_clock = step, clock.elapsed()
+        self.tokens_at_warm = self.tokens.clone()
+
+    def window(self, step: int, clock: TrainClock) -> tuple[int, float, bool, int]:
+        """-> (measured steps, seconds, warm-up excluded, tokens counted before the window)."""
+        if self.warm_step is not None and step > self.warm_step:
+            first = int(self.tokens_at_warm.item()) if torch.is_tensor(self.tokens_at_warm) else 0
+            return step - self.warm_step, clock.elapsed() - self.warm_clock, True, first
+        return step - self.start_step, clock.elapsed(), False, 0
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_at(step: int, total_steps: int, tc) -> float:
+    """A pure function of the step, so a resumed run needs no scheduler state."""
+    if tc.lr_schedule == "constant":
+        return tc.lr
+    return 0.5 * tc.lr * (1 + math.cos(math.pi * step / max(total_steps, 1)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@contextlib.contextmanager
+def gc_schedule(every: int):
+    """train.gc_every_steps: the loop turns Python's automatic garbage collection off (gc_pause)
+    and collects at fixed steps instead (gc_tick); it is back as it was after the run, also
+    after an error."""
+    was_enabled = gc.isenabled()
+    try:
+        yield
+    finally:
+        if every > 0 and was_enabled:
+            gc.enable()
+
+
+def gc_pause(every: int) -> None:
+    if every > 0:
+        gc.collect()  # what setup (model, compile, loaders) left behind, before the first step
+        gc.disable()
+
+
+def gc_tick(every: int, step: int) -> None:
+    if every > 0 and step % every == 0:
+        gc.collect(1)  # the young generations: what a few steps allocate
+
+
+def sdpa_priority(name: str) -> contextlib.AbstractContextManager:
+    """scaled_dot_product_attention tries kernel `name` first and the others after it, so a shape
+    the chosen kernel cannot take still runs (on another kernel) instead of failing."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    first = kernels[name]
+    return sdpa_kernel([first] + [k for k in kernels.values() if k != first], set_priority=True)

@@ -1,0 +1,159 @@
+"""A run's result: the summary over the measured window, result.json's layout, the printed lines.
+
+Throughput counts unique samples (ddp-full's ranks repeat them) and each data-parallel
+replica's tokens once (a tensor-parallel group's ranks and a pipeline's stages all see the same
+batch). MFU = model FLOPs per token x tokens/s / GPUs / the GPU's dense peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paratrain import metrics
+from paratrain.distributed import process_group as pg
+from paratrain.parallel import STRATEGIES
+
+
+def strategy_label(run) -> str:
+    """The strategy named, or for `auto` the parallelisms the degrees make."""
+    if run.cfg.strategy != "auto":
+        return run.cfg.strategy
+    d, parts = run.dims, []
+    if run.wrapper == "fsdp":
+        parts.append("hsdp" if d.dp_replicate > 1 and d.dp_shard > 1 else "fsdp")
+    elif run.wrapper == "ddp":
+        parts.append("ddp")
+    parts += [name for name, degree in (("tp", d.tp), ("pp", d.pp)) if degree > 1]
+    return "+".join(parts) or "single"
+
+
+def epoch_line(record: dict[str, Any]) -> str:
+    held = "".join(
+        f", {k.replace('_', ' ')} {v:.4f}" for k, v in record.items() if k.startswith("val_")
+    )
+    return (
+        f"epoch {record['epoch']}: loss {record['train_loss']:.4f}{held}, "
+        f"{record['unique_samples_per_s']:,.0f} unique samples/s"
+    )
+
+
+def build(
+    run,
+    *,
+    epochs: list[dict[str, Any]],
+    start_step: int,
+    window: tuple[int, float, bool, int],
+    tokens,
+    train_s: float,
+    wall_s: float,
+    telemetry: list,
+    profile,
+    artifacts: dict,
+) -> dict[str, Any]:
+    cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
+    device = env.device
+    peak, peak_kind = metrics.peak_memory_bytes(device, run.split)
+    peak = int(pg.all_reduce_max(float(peak), device))
+    measured_steps, measured_s, warmup_excluded, first_tokens = window
+    measured_s = max(measured_s, 1e-9)
+    last = epochs[-1] if epochs else {}
+    summary = {
+        "wall_s": wall_s,
+        "train_s": train_s,
+        "optimizer_steps": state.step,
+        "steps_this_run": state.step - start_step,
+        "measured_steps": measured_steps,
+        "warmup_excluded": warmup_excluded,
+        "step_time_s": measured_s / max(measured_steps, 1),
+        "unique_samples_per_s": run.unique_per_step * measured_steps / measured_s,
+        "processed_samples_per_s": run.processed_per_step * measured_steps / measured_s,
+        "train_loss": last.get("train_loss"),
+        **{k: v for k, v in last.items() if k.startswith("val_")},
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": peak_kind,
+        "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
+        "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
+        "profile": profile,  # rank 0's top operators per step, when profiled
+    }
+    summary.setdefault("val_accuracy", None)
+    if cfg.task == "causal_lm":
+        (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
+        # every rank of a tp group and every stage counted the same batch
+        copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
+        unique_tokens = all_tokens / copies
+        summary["tokens_per_s"] = unique_tokens / measured_s
+        summary["tokens_per_step"] = unique_tokens / max(measured_steps, 1)
+        peak_flops = metrics.peak_flops(device)
+        # MFU = achieved model FLOP/s per device / the device's dense peak (models/causal_lm/spec.py)
+        summary["mfu"] = (
+            work.flops_per_token * summary["tokens_per_s"] / env.world_size / peak_flops
+            if peak_flops
+            else None
+        )
+        summary["flops_per_token"] = work.flops_per_token
+    return {
+        "paratrain": {"version": _version(), "commit": metrics.git_commit()},
+        "name": cfg.name,
+        "task": cfg.task,
+        "strategy": strategy_label(run),
+        "strategy_doc": STRATEGIES[cfg.strategy].doc,
+        "parallel": {
+            **dims.describe(),
+            "label": dims.label(),
+            "data_parallel": run.wrapper,
+            "split": run.split,
+        },
+        "redundant_data": run.redundant,
+        "precision": cfg.precision,
+        "world_size": env.world_size,
+        "dp_gpus": run.loader_batch // cfg.data.batch_size,
+        "backend": env.backend,
+        "data_real": work.info.get("data_real", True),
+        "effective": {"pin_memory": work.info.get("pin_memory"), "loader_batch": run.loader_batch},
+        "workload": work.info,
+        "artifacts": artifacts,
+        "hardware": metrics.hardware(device, env.world_size),
+        "epochs": epochs,
+        "summary": summary,
+        "output_dir": str(run.out_dir),
+        "config": cfg.to_dict(),
+    }
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    s = result["summary"]
+    redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
+    if result["task"] == "causal_lm":
+        mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") else ""
+        rate = (
+            f"{s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_step']:,.0f} per step), "
+            f"{s['step_time_s']:.3f} s/it{mfu}"
+        )
+        held = (
+            f"held-out loss {s['val_loss']:.4f}"
+            if s.get("val_loss") is not None
+            else "no held-out set"
+        )
+    else:
+        rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
+        held = (
+            f"held-out accuracy {s['val_accuracy']:.4f}"
+            if s["val_accuracy"] is not None
+            else "held-out accuracy n/a"
+        )
+    layout = result["parallel"]["label"]
+    shown = f" ({layout})" if result["world_size"] > 1 and "=" in layout else ""
+    print(
+        f"paratrain: {result['strategy']}{shown} x{result['world_size']} "
+        f"{result['precision']}{redundant}: "
+        f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
+        f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})\n"
+        f"paratrain: results in {result['output_dir']}/result.json",
+        flush=True,
+    )
+
+
+def _version() -> str:
+    from paratrain import __version__
+
+    return __version__

@@ -1,0 +1,251 @@
+"""Everything a run builds before its first step, in order: output folder, seeds, the mesh, the
+task's workload (model and data), the pipeline cut or layer split, the parallelism applied from
+outside the model, the pipeline schedule, optimizer, loss scaler and the resume."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from paratrain.distributed import process_group as pg
+from paratrain.distributed.parallel_dims import ParallelDims
+from paratrain.errors import UserError
+from paratrain.parallel.apply import data_parallel_wrapper, parallelize, step_context
+from paratrain.parallel.ddp import average_buffers, unwrap
+from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
+from paratrain.parallel.split import apply_split, split_devices
+from paratrain.precision import build_policy, build_scaler
+from paratrain.tasks import Workload, task_module
+from paratrain.trainer.checkpoint import (
+    LoopState,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
+from paratrain.trainer.config import build_optimizer
+from paratrain.trainer.measure import seed_all
+
+
+def default_output_dir(name: str) -> str:
+    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+@dataclass
+class Run:
+    """A built run: what the loop reads."""
+
+    cfg: Any
+    env: pg.DistEnv
+    dims: ParallelDims
+    work: Workload
+    model: nn.Module
+    """What the loop trains: this rank's stage, parallelized, compiled and wrapped."""
+    eval_model: nn.Module
+    """The same without DDP's wrapper (whose forward is a collective)."""
+    pipe: Pipeline | None
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    policy: Any
+    state: LoopState
+    out_dir: Path
+    ckpt_dir: Path
+    loader_batch: int
+    k: int
+    steps_per_epoch: int
+    total_steps: int
+    wrapper: str | None
+    split: dict | None
+    step_context: Callable[[], contextlib.AbstractContextManager]
+
+    @property
+    def redundant(self) -> bool:
+        """ddp-full: every data-parallel rank reads every sample."""
+        return self.cfg.data.sampler == "full" and self.dims.dp_size > 1
+
+    @property
+    def partition(self) -> int:
+        """How many ways an epoch's samples are divided: the data-parallel ranks, unless each
+        reads them all."""
+        return 1 if self.cfg.data.sampler == "full" else self.dims.dp_size
+
+    @property
+    def unique_per_step(self) -> int:
+        return self.loader_batch * self.k * self.partition
+
+    @property
+    def processed_per_step(self) -> int:
+        return self.loader_batch * self.k * self.dims.dp_size
+
+    def sync_buffers(self) -> None:
+        """ddp.broadcast_buffers=false: each rank's BatchNorm statistics drift apart during
+        training; they are averaged over the data-parallel ranks whenever the model is
+        evaluated or saved."""
+        if isinstance(self.model, DistributedDataParallel) and not self.cfg.ddp.broadcast_buffers:
+            average_buffers(self.model, self.model.process_group)
+
+    def save(self) -> None:
+        """Every N steps and at the end: the same state, the same files (collective)."""
+        self.state.samples_in_epoch = self.state.step_in_epoch * self.k * self.loader_batch
+        self.state.samples_in_epoch *= self.partition
+        save_checkpoint(
+            self.ckpt_dir,
+            model=unwrap(self.model),
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            state=self.state,
+            device=self.env.device,
+            keep=self.cfg.checkpoint.keep,
+            layout={"degrees": self.dims.describe(), "label": self.dims.label()},
+        )
+
+
+def setup(cfg, env: pg.DistEnv) -> Run:
+    device, tc = env.device, cfg.train
+    out_dir = Path(pg.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
+    ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
+    if env.is_main:
+        from paratrain.config import to_yaml
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    # ---- determinism and kernels
+    seed_all(cfg.seed)  # same seed everywhere: identical initial weights on every rank
+    # warn_only: a few ops have no deterministic CUDA kernel, among them adaptive average
+    # pooling's backward, which every torchvision classifier has; they run with torch's warning
+    # instead of stopping the run (the rest of the step stays deterministic).
+    torch.use_deterministic_algorithms(tc.deterministic, warn_only=True)
+    torch.backends.cudnn.benchmark = tc.cudnn_benchmark and not tc.deterministic
+
+    # ---- the mesh: the only place degrees become process groups
+    try:
+        dims = ParallelDims.from_config(cfg.parallel, env.world_size, device.type)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    wrapper = data_parallel_wrapper(cfg.strategy, dims)
+
+    # ---- the workload: model and data (dp scatters one loader batch over all GPUs)
+    dp_gpus = torch.cuda.device_count() if (cfg.strategy == "dp" and device.type == "cuda") else 1
+    loader_batch = cfg.data.batch_size * dp_gpus
+    policy = build_policy(cfg.precision, device)
+    collective_forward = wrapper == "fsdp" or dims.tp > 1
+    task = task_module(cfg.task)
+    work = task.build(cfg, env, dims, policy, loader_batch, collective_forward)
+
+    # ---- model parallelism that moves or cuts the model comes first
+    model, split = work.model, None
+    shards = dims.tp if cfg.parallel.sequence_parallel else 1
+    if dims.pp > 1 or cfg.strategy == "pipeline":  # this rank keeps its stage
+        cut_stage(
+            model,
+            work.spec,
+            dims,
+            cfg.pipeline,
+            channels_last=tc.channels_last,
+            sequence_shards=shards,
+        )
+    if cfg.strategy == "split":  # this process puts consecutive units on consecutive GPUs
+        devices = split_devices(cfg.split, device)
+        split = apply_split(model, work.spec, devices, cfg.split.boundaries)
+
+    # ---- applied from outside the model, in a fixed order (parallel/apply.py)
+    model, eval_model = parallelize(
+        model,
+        work.spec,
+        dims,
+        wrapper=wrapper,
+        device=device,
+        policy=policy,
+        train=tc,
+        ddp=cfg.ddp,
+        parallel=cfg.parallel,
+        lora=cfg.task == "causal_lm" and cfg.lora.enabled,
+        compile_units=work.compile_units,
+    )
+    pipe = build_schedule(model, dims, device, cfg.pipeline, work.pipeline) if dims.pp > 1 else None
+    # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
+    seed_all(cfg.seed + dims.dp_rank)
+
+    params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = build_optimizer(params, tc)
+    scaler = build_scaler(cfg.precision, cfg.scaler, device)
+    k = tc.grad_accum_steps
+    steps_per_epoch = len(work.train) // k
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"train.grad_accum_steps: {k} micro-batches exceed the {len(work.train)} of an epoch"
+        )
+    # max_steps, when set, decides the length alone (as many epochs as it takes).
+    total_steps = tc.max_steps if tc.max_steps is not None else tc.epochs * steps_per_epoch
+
+    run = Run(
+        cfg=cfg,
+        env=env,
+        dims=dims,
+        work=work,
+        model=model,
+        eval_model=eval_model,
+        pipe=pipe,
+        optimizer=optimizer,
+        scaler=scaler,
+        policy=policy,
+        state=LoopState(),
+        out_dir=out_dir,
+        ckpt_dir=ckpt_dir,
+        loader_batch=loader_batch,
+        k=k,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        wrapper=wrapper,
+        split=split,
+        step_context=lambda: step_context(dims, cfg.parallel),
+    )
+    if cfg.checkpoint.resume:
+        resume(run, resolve_resume(cfg.checkpoint.resume))
+    return run
+
+
+def resume(run: Run, path: Path) -> None:
+    state, writer = load_checkpoint(
+        path,
+        model=unwrap(run.model),
+        optimizer=run.optimizer,
+        scaler=run.scaler,
+        device=run.env.device,
+    )
+    # The epoch's samples already trained on, in this layout's steps: the same position when
+    # the layout is the same, the nearest step boundary before it when it is not.
+    per_step = run.unique_per_step
+    state.step_in_epoch = state.samples_in_epoch // per_step
+    state.samples_in_epoch = state.step_in_epoch * per_step
+    run.state = state
+    note = ""
+    if writer.get("world_size") != run.env.world_size or writer.get("degrees") not in (
+        None,
+        run.dims.describe(),
+    ):
+        note = (
+            f"; written by {writer.get('world_size')} processes ({writer.get('label', '?')}),"
+            f" resharded to {run.dims.label()}"
+            + ("; random streams restart" if writer.get("world_size") != run.env.world_size else "")
+        )
+    if run.env.is_main:
+        print(
+            f"paratrain: resumed from {path} at step {state.step} (epoch {state.epoch}){note}",
+            flush=True,
+        )
+
+
+def deterministic_env(cfg) -> None:
+    if cfg.train.deterministic:
+        # cuBLAS needs this before its first handle is made to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
