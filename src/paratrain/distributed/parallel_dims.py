@@ -97,11 +97,20 @@ class ParallelDims:
     dp_shard: int
     tp: int
     device_type: str = "cpu"
+    tp_named: bool = False
+    """strategy=tp: tensor parallelism is applied even over one rank (a degenerate mesh that
+    runs the DTensor code paths, for tests on one GPU)."""
     _mesh: object = field(default=None, repr=False)
 
     @classmethod
-    def from_config(cls, cfg: ParallelConfig, world_size: int, device_type: str) -> ParallelDims:
-        return cls(**resolve_degrees(cfg, world_size), device_type=device_type)
+    def from_config(
+        cls, cfg: ParallelConfig, world_size: int, device_type: str, tp_named: bool = False
+    ) -> ParallelDims:
+        return cls(**resolve_degrees(cfg, world_size), device_type=device_type, tp_named=tp_named)
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1 or self.tp_named
 
     @property
     def world_size(self) -> int:

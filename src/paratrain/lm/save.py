@@ -36,8 +36,7 @@ def save_adapter(
 ) -> dict[str, str]:
     from paratrain.parallel.ddp import unwrap
 
-    peft_model = unwrap(model)
-    peft_model = getattr(peft_model, "lm", peft_model)  # under the chunked-loss wrapper
+    peft_model = unwrap(model)  # under DDP, compile and the loss wrapper
     # Gathered from every rank (FSDP and TP shards, pipeline stages), written by rank 0 only.
     state = full_state_dict(peft_model, pipelined) if dist.is_initialized() else None
     paths: dict[str, str] = {}

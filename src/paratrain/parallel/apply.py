@@ -7,8 +7,8 @@ what its blocks are and how its layers split.
     2. activation checkpointing around each block (recomputation repeats TP's collectives)
     3. torch.compile: each repeated block in place (regional), or the whole model
     4. data parallel last, so it sees the final module: FSDP2 (dp_shard, HSDP on
-       dp_replicate x dp_shard, and whenever weights are DTensors), DDP (dp_replicate alone),
-       or nn.DataParallel (strategy=dp)
+       dp_replicate x dp_shard, and beside tp or pp), DDP (dp_replicate alone), or
+       nn.DataParallel (strategy=dp)
     (5. pipeline schedule over the wrapped stage, parallel/pipeline.py)
 """
 
@@ -30,15 +30,17 @@ Wrapper = Literal["ddp", "fsdp", "data-parallel", None]
 
 
 def data_parallel_wrapper(strategy: str, dims) -> Wrapper:
-    """Which wrapper the data-parallel axes take. DDP cannot replicate DTensor weights, so with
-    tensor parallelism the replicated axis is FSDP2's too (a dp_shard of 1 shards nothing)."""
+    """Which wrapper the data-parallel axes take. DDP holds neither DTensor weights (tensor
+    parallelism) nor a pipeline schedule's several forwards before each backward (its reducer
+    expects one), so there the replicated axis is FSDP2's too, on a dp_replicate x dp_shard mesh
+    whose dp_shard of 1 shards nothing."""
     named = STRATEGIES[strategy].wrapper
     if named == "data-parallel":
         return named
     if dims.dp_shard > 1 or named == "fsdp":
         return "fsdp"
     if dims.dp_replicate > 1:
-        return "fsdp" if dims.tp > 1 else "ddp"
+        return "fsdp" if dims.tp > 1 or dims.pp > 1 else "ddp"
     return named
 
 
@@ -58,7 +60,7 @@ def parallelize(
 ) -> tuple[nn.Module, nn.Module]:
     """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
     whose forward is a collective)."""
-    if dims.tp > 1:  # 1
+    if dims.tp_enabled:  # 1
         plan = spec.tp_plan(
             model,
             sequence_parallel=parallel.sequence_parallel,
@@ -91,7 +93,7 @@ def parallelize(
 
 def uses_loss_parallel(dims, parallel) -> bool:
     """Vocabulary-sharded logits and loss (a DTensor the pipeline's stage outputs cannot be)."""
-    return dims.tp > 1 and parallel.loss_parallel and dims.pp == 1
+    return dims.tp_enabled and parallel.loss_parallel and dims.pp == 1
 
 
 def step_context(dims, parallel) -> contextlib.AbstractContextManager:

@@ -140,11 +140,15 @@ def average_buffers(model: nn.Module, group=None) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under DP/DDP and torch.compile wrappers (for state_dict and saving)."""
+    """The user's module under DP/DDP and torch.compile wrappers, and under wrappers without
+    parameters of their own that name the module inside (`state_dict_root`: the causal LM's loss
+    wrapper), so checkpoints carry the model's own parameter names whatever wraps it."""
     while True:
         if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
             model = model.module
         elif hasattr(model, "_orig_mod"):
             model = model._orig_mod
+        elif getattr(model, "state_dict_root", None):
+            model = getattr(model, model.state_dict_root)
         else:
             return model

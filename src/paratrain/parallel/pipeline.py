@@ -55,17 +55,22 @@ class PipelineConfig:
             raise ValueError(f"boundaries: must be increasing block indices >= 1, got {b}")
 
 
-def stage_ranges(n_blocks: int, stages: int, boundaries: list[int] | None = None) -> list[range]:
+def stage_ranges(
+    n_blocks: int,
+    stages: int,
+    boundaries: list[int] | None = None,
+    keys: tuple[str, str] = ("parallel.pp", "pipeline.boundaries"),
+) -> list[range]:
     """Consecutive runs of blocks, one per stage: cut at `boundaries`, else near-equal (the
-    earlier stages one longer)."""
+    earlier stages one longer). `keys`: the settings an error names (the degree, the cuts)."""
     if stages > n_blocks:
         raise UserError(
-            f"parallel.pp: {stages} pipeline stages but the model has only {n_blocks} blocks"
+            f"{keys[0]}: {stages} pipeline stages but the model has only {n_blocks} blocks"
         )
     if boundaries:
         if len(boundaries) != stages - 1 or boundaries[-1] >= n_blocks:
             raise UserError(
-                f"pipeline.boundaries: {stages} stages need {stages - 1} increasing block "
+                f"{keys[1]}: {stages} stages need {stages - 1} increasing block "
                 f"indices below {n_blocks}, got {boundaries}"
             )
         edges = [0, *boundaries, n_blocks]

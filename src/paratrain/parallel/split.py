@@ -68,7 +68,9 @@ def apply_split(model: nn.Module, spec, devices: list[torch.device], boundaries:
     from paratrain.parallel.pipeline import stage_ranges
 
     units = spec.split_units(model)
-    parts = stage_ranges(len(units), len(devices), boundaries)
+    parts = stage_ranges(
+        len(units), len(devices), boundaries, ("split.devices", "split.boundaries")
+    )
     for part, device in zip(parts, devices, strict=True):
         for i in part:
             units[i].to(device)

@@ -149,7 +149,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     model = apply_fp8(model, m.fp8, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
     spec = CausalLMSpec()
-    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp > 1:
+    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
@@ -177,7 +177,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     # over the tp ranks; a pipeline's stages exchange fixed-size activations, so its rows are
     # max_length wide.
     multiple = 16 if m.fp8 != "none" else 1
-    if dims.tp > 1 and cfg.parallel.sequence_parallel:
+    if dims.tp_enabled and cfg.parallel.sequence_parallel:
         multiple = math.lcm(multiple, dims.tp)
     collate = lmdata.Collate(
         tokenizer.pad_token_id,

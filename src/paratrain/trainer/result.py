@@ -19,9 +19,11 @@ def strategy_label(run) -> str:
     if run.cfg.strategy != "auto":
         return run.cfg.strategy
     d, parts = run.dims, []
-    if run.wrapper == "fsdp":
-        parts.append("hsdp" if d.dp_replicate > 1 and d.dp_shard > 1 else "fsdp")
-    elif run.wrapper == "ddp":
+    if d.dp_shard > 1:
+        parts.append("hsdp" if d.dp_replicate > 1 else "fsdp")
+    elif (
+        d.dp_replicate > 1
+    ):  # replicated (by DDP, or by FSDP2 beside tp / pp: parallel.data_parallel)
         parts.append("ddp")
     parts += [name for name, degree in (("tp", d.tp), ("pp", d.pp)) if degree > 1]
     return "+".join(parts) or "single"

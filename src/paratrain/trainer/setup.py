@@ -128,7 +128,9 @@ def setup(cfg, env: pg.DistEnv) -> Run:
 
     # ---- the mesh: the only place degrees become process groups
     try:
-        dims = ParallelDims.from_config(cfg.parallel, env.world_size, device.type)
+        dims = ParallelDims.from_config(
+            cfg.parallel, env.world_size, device.type, tp_named=cfg.strategy == "tp"
+        )
     except ValueError as e:
         raise UserError(str(e)) from None
     wrapper = data_parallel_wrapper(cfg.strategy, dims)
@@ -137,7 +139,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     dp_gpus = torch.cuda.device_count() if (cfg.strategy == "dp" and device.type == "cuda") else 1
     loader_batch = cfg.data.batch_size * dp_gpus
     policy = build_policy(cfg.precision, device)
-    collective_forward = wrapper == "fsdp" or dims.tp > 1
+    collective_forward = wrapper == "fsdp" or dims.tp_enabled
     task = task_module(cfg.task)
     work = task.build(cfg, env, dims, policy, loader_batch, collective_forward)
 

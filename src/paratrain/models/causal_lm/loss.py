@@ -97,7 +97,11 @@ class ChunkedLossLM(nn.Module):
     logits (chunk = 0, fused = none; the tensor-parallel path).
 
     The wrapper, not the model, is what DDP or FSDP wraps: their hooks must see the whole forward.
+    It has no parameters of its own; checkpoints and optimizers see the model inside
+    (`state_dict_root`, read by parallel.ddp.unwrap), under the model's own names.
     """
+
+    state_dict_root = "lm"
 
     def __init__(self, lm: nn.Module, chunk: int, fused: str = "none"):
         super().__init__()

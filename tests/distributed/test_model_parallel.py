@@ -1,0 +1,146 @@
+"""Model parallelism for language models on CPU processes (gloo), each against one process:
+tensor parallel (full training and LoRA), FSDP x TP and HSDP on a 2 x 2 mesh, pipeline stages of
+decoder layers (1F1B) and pipeline x data parallel (GPipe), and a 2 x 2 checkpoint resumed on
+its own mesh and in one process.
+
+A tiny random Llama on random tokens (every position trained, so a batch's mean loss does not
+depend on how it is split), fp32, AdamW for 4 steps. Tolerances: AdamW divides by the root of
+the second moment, so a rounding difference in a gradient near zero moves a weight by up to
+about lr x 1e-3; 1e-4 absolute is what such runs reach (observed 2e-6 to 4e-5), and a wrong
+reduction moves weights by lr = 1e-2 within a step, which the second check shows.
+"""
+
+import pytest
+from conftest import final_weights, max_abs_diff, read_result, run_cli
+
+from paratrain.config import load_config
+from paratrain.trainer.loop import train
+
+pytestmark = pytest.mark.dist
+
+TOL = 1e-4
+LM = [
+    "data.source=synthetic-text",
+    "model.init=random",
+    "model.shape=tiny",
+    "device=cpu",
+    "data.num_workers=0",
+    "data.max_length=32",
+    "train.max_steps=4",
+    "train.warmup_steps=1",
+    "train.lr=0.01",
+    "log.progress=false",
+]
+
+
+def sets(*settings):
+    return [a for s in settings for a in ("--set", s)]
+
+
+def run_parallel(tmp_path, name, nproc, *settings):
+    out = tmp_path / name
+    run_cli(["run", *sets(*LM, *settings), "--nproc", nproc, "--output-dir", out])
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process, in this one: full training with batch 4 and 8, LoRA with batch 4."""
+    base = tmp_path_factory.mktemp("single")
+    out = {}
+    for name, extra in (
+        ("full4", ["data.batch_size=4", "lora.enabled=false"]),
+        ("full8", ["data.batch_size=8", "lora.enabled=false"]),
+        ("lora4", ["data.batch_size=4"]),
+    ):
+        train(load_config(None, [*LM, *extra, f"output_dir={base / name}"]))
+        out[name] = base / name
+    return out
+
+
+def close_to(run, reference) -> float:
+    diff = max_abs_diff(final_weights(run), final_weights(reference))
+    assert diff < TOL, diff
+    a = read_result(run)["summary"]["train_loss"]
+    b = read_result(reference)["summary"]["train_loss"]
+    assert abs(a - b) < 1e-5 * abs(b), (a, b)
+    return diff
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_tensor_parallel_equals_single(tmp_path, single, lora):
+    out = run_parallel(
+        tmp_path, "tp", 2, "parallel.tp=2", "data.batch_size=4", f"lora.enabled={lora}"
+    )
+    close_to(out, single["lora4" if lora else "full4"])
+    r = read_result(out)
+    assert r["parallel"]["tp"] == 2 and r["strategy"] == "tp"
+    assert r["summary"]["tokens_per_step"] == 4 * 32  # each tp rank's copy counted once
+    if not lora:  # and the check can fail: a batch of 8 trains other weights
+        assert max_abs_diff(final_weights(out), final_weights(single["full8"])) > 1e-3
+
+
+def test_fsdp_x_tp_2x2_equals_single_and_its_checkpoint_resumes_anywhere(tmp_path, single, capsys):
+    """dp_shard=2 x tp=2 with batch 4 per data-parallel rank is one process with 8; its step-2
+    checkpoint (sharded by both) resumes on the same mesh bit for bit, and in one process."""
+    twod = ["strategy=fsdp", "parallel.tp=2", "data.batch_size=4", "lora.enabled=false"]
+    out = run_parallel(tmp_path, "2d", 4, *twod, "checkpoint.every_steps=2", "checkpoint.keep=0")
+    close_to(out, single["full8"])
+    r = read_result(out)
+    assert (
+        r["parallel"]["label"] == "dp_shard=2 x tp=2" and r["parallel"]["data_parallel"] == "fsdp"
+    )
+    mid = out / "checkpoints" / "step_00000002"
+    again = run_parallel(tmp_path, "again", 4, *twod, f"checkpoint.resume={mid}")
+    assert read_result(again)["summary"]["steps_this_run"] == 2
+    assert max_abs_diff(final_weights(again), final_weights(out)) == 0.0
+    alone = tmp_path / "alone"
+    capsys.readouterr()
+    train(
+        load_config(
+            None,
+            [*LM, "data.batch_size=8", "lora.enabled=false", f"checkpoint.resume={mid}"]
+            + [f"output_dir={alone}"],
+        )
+    )
+    said = capsys.readouterr().out
+    assert "written by 4 processes (dp_shard=2 x tp=2), resharded to 1 rank" in said
+    assert max_abs_diff(final_weights(alone), final_weights(out)) < TOL
+
+
+def test_hsdp_2x2_equals_single(tmp_path, single):
+    out = run_parallel(
+        tmp_path,
+        "hsdp",
+        4,
+        *("strategy=fsdp", "parallel.dp_replicate=2", "data.batch_size=2", "lora.enabled=false"),
+    )
+    close_to(out, single["full8"])
+    assert read_result(out)["parallel"]["label"] == "dp_replicate=2 x dp_shard=2"
+
+
+def test_pipeline_of_decoder_layers_equals_single(tmp_path, single):
+    out = run_parallel(
+        tmp_path,
+        "pp",
+        2,
+        *("strategy=pipeline", "pipeline.microbatches=2", "pipeline.schedule=1f1b"),
+        *("data.batch_size=4", "lora.enabled=false"),
+    )
+    close_to(out, single["full4"])
+    r = read_result(out)
+    assert r["parallel"]["pp"] == 2 and r["summary"]["tokens_per_step"] == 4 * 32
+
+
+def test_pipeline_x_data_parallel_2x2_equals_single(tmp_path, single):
+    """pp=2 x dp_replicate=2, GPipe: each stage replicated (FSDP2 on a mesh that shards over
+    one rank: DDP's reducer takes one forward per backward, a schedule runs several)."""
+    out = run_parallel(
+        tmp_path,
+        "ppdp",
+        4,
+        *("parallel.pp=2", "parallel.dp_replicate=2", "pipeline.microbatches=2"),
+        *("pipeline.schedule=gpipe", "data.batch_size=4", "lora.enabled=false"),
+    )
+    close_to(out, single["full8"])
+    assert read_result(out)["strategy"] == "ddp+pp"

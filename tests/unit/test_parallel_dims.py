@@ -1,0 +1,182 @@
+"""Degrees, shorthands and the one-line errors of model parallelism, in one process: nothing
+here launches a worker."""
+
+import pytest
+
+from paratrain.cli import main
+from paratrain.config import load_config, to_yaml
+from paratrain.distributed.parallel_dims import ParallelConfig, ParallelDims, resolve_degrees
+from paratrain.parallel.apply import data_parallel_wrapper
+
+
+def degrees(world, **kw):
+    return resolve_degrees(ParallelConfig(**kw), world)
+
+
+def test_degrees_fill_in_what_is_left_and_must_multiply_to_the_world():
+    assert degrees(8, tp=2) == {"pp": 1, "dp_replicate": 4, "dp_shard": 1, "tp": 2}
+    assert degrees(8, dp_shard=-1, tp=2) == {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 2}
+    assert degrees(8, dp_replicate=2, dp_shard=-1) == {
+        "pp": 1,
+        "dp_replicate": 2,
+        "dp_shard": 4,
+        "tp": 1,
+    }
+    assert degrees(4, pp=2, dp_shard=2, dp_replicate=1)["dp_shard"] == 2
+    with pytest.raises(ValueError, match=r"parallel: the degrees \(tp=3\) multiply to 3, but"):
+        degrees(4, dp_replicate=1, tp=3)
+    with pytest.raises(ValueError, match="parallel.dp_replicate: the other degrees multiply to 3"):
+        degrees(4, tp=3)
+    with pytest.raises(ValueError, match="tp: only one degree can be -1"):
+        ParallelConfig(dp_shard=-1, tp=-1)
+    with pytest.raises(ValueError, match="pp: must be >= 1 or -1"):
+        ParallelConfig(pp=0)
+
+
+def test_dims_without_a_process_group_are_rank_zero():
+    dims = ParallelDims(pp=1, dp_replicate=2, dp_shard=2, tp=2)
+    assert dims.world_size == 8 and dims.dp_size == 4 and dims.dp_rank == 0
+    assert dims.label() == "dp_replicate=2 x dp_shard=2 x tp=2"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], ("single", {}, "distributed")),
+        (["launch.nproc=4"], ("ddp-ds", {}, "distributed")),
+        (["strategy=ddp-rr"], ("ddp-rr", {}, "round-robin")),
+        (["strategy=ddp-full"], ("ddp-full", {}, "full")),
+        (["strategy=fsdp"], ("fsdp", {"dp_shard": -1}, "distributed")),
+        (["strategy=fsdp", "parallel.dp_replicate=2"], ("fsdp", {"dp_shard": -1}, "distributed")),
+        (["strategy=pipeline"], ("pipeline", {"pp": -1}, "distributed")),
+        (
+            ["data.source=synthetic-text", "model.init=random", "model.shape=tiny"]
+            + ["parallel.tp=2", "launch.nproc=4"],
+            ("auto", {"tp": 2}, "distributed"),
+        ),
+    ],
+)
+def test_strategy_names_are_shorthands_for_degrees(overrides, expected):
+    strategy, set_degrees, sampler = expected
+    cfg = load_config(None, overrides)
+    assert cfg.strategy == strategy and cfg.data.sampler == sampler
+    for axis, value in set_degrees.items():
+        assert getattr(cfg.parallel, axis) == value
+    # config.yaml, as the workers read it, resolves to the same
+    again = load_config_from_yaml(to_yaml(cfg))
+    assert again.to_dict() == cfg.to_dict()
+
+
+def load_config_from_yaml(text):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.yaml"
+        path.write_text(text)
+        return load_config(path)
+
+
+def test_which_wrapper_the_data_parallel_axes_take():
+    def dims(**kw):
+        return ParallelDims(**{"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1, **kw})
+
+    assert data_parallel_wrapper("ddp-ds", dims(dp_replicate=2)) == "ddp"
+    assert data_parallel_wrapper("ddp-ds", dims()) == "ddp"  # DDP on one rank, as before
+    assert data_parallel_wrapper("fsdp", dims()) == "fsdp"
+    assert data_parallel_wrapper("auto", dims(dp_replicate=2, dp_shard=2)) == "fsdp"  # HSDP
+    assert data_parallel_wrapper("auto", dims(dp_replicate=2, tp=2)) == "fsdp"  # DTensors
+    assert data_parallel_wrapper("auto", dims(dp_replicate=2, pp=2)) == "fsdp"
+    assert data_parallel_wrapper("auto", dims(tp=2)) is None
+    assert data_parallel_wrapper("single", dims()) is None
+
+
+LM = [
+    "--set",
+    "data.source=synthetic-text",
+    "--set",
+    "model.init=random",
+    "--set",
+    "device=cpu",
+]
+BAD = [
+    (
+        ["--set", "model.shape=tiny", "--set", "parallel.tp=3", "--nproc", "2"],
+        "parallel.dp_replicate: the other degrees",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "parallel.tp=2"]
+        + ["--set", "parallel.dp_replicate=1", "--nproc", "4"],
+        "parallel: the degrees (tp=2) multiply to 2, but the run has 4 processes",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=tp", "--nproc", "4"],
+        "parallel.tp: 4 does not divide the model's num_key_value_heads (2)",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=pipeline", "--nproc", "4"],
+        "parallel.pp: 4 pipeline stages but the model has only 2 decoder layers",
+    ),
+    (
+        ["--set", "model.shape=llama3.2-1b", "--set", "strategy=pipeline", "--nproc", "2"],
+        "parallel.pp: the model ties lm_head to the input embedding",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=pipeline", "--nproc", "1"],
+        "launch.nproc: strategy pipeline needs at least 2 processes",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=ddp-ds", "--set", "parallel.tp=2"],
+        "strategy: ddp-ds replicates whole models (DDP)",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=single", "--set", "parallel.tp=2"],
+        "strategy: single runs in one process; the parallel.* degrees set (tp=2)",
+    ),
+    (
+        [
+            "--set",
+            "model.shape=tiny",
+            "--set",
+            "parallel.tp=2",
+            "--set",
+            "model.loss_chunk_tokens=64",
+        ],
+        "model.loss_chunk_tokens: 64 is not built for tensor-parallel",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "parallel.pp=2", "--set", "data.packing=true"],
+        "data.packing: packed rows need a block-diagonal mask",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "parallel.pp=2", "--set", "data.batch_size=3"],
+        "pipeline.microbatches: data.batch_size 3 does not divide into 4",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "parallel.pp=2"]
+        + ["--set", "model.attn_implementation=eager"],
+        "model.attn_implementation: pipeline stages rely on causal attention without a mask",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "strategy=ddp-rr", "--set", "data.sampler=full"],
+        "data.sampler: strategy ddp-rr reads with the round-robin sampler, got full",
+    ),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[b[1].split(":")[0] for b in BAD])
+def test_bad_parallel_settings_are_one_line_exit_2_before_launch(args, message, capsys, tmp_path):
+    code = main(["run", *LM, *args, "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("paratrain: error: "), err
+    assert message in err, err
+    assert not (tmp_path / "out").exists()  # nothing written, nothing launched
+
+
+def test_tensor_parallelism_is_for_language_models(capsys):
+    code = main(["run", "--set", "parallel.tp=2", "--nproc", "2", "--set", "device=cpu"])
+    assert code == 2
+    assert "parallel.tp: tensor parallelism splits language models' projections" in (
+        capsys.readouterr().err
+    )
