@@ -175,23 +175,22 @@ class CausalLMSpec:
             if sp:
                 plan[f"{p}.input_layernorm"] = SequenceParallel()
                 plan[f"{p}.post_attention_layernorm"] = SequenceParallel()
-                plan[f"{p}.self_attn"] = PrepareModuleInput(
-                    input_kwarg_layouts={"hidden_states": Shard(1)},
-                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                    use_local_output=local_inputs,
+            for parent, takes in (("self_attn", "hidden_states"), ("mlp", None)):
+                block = layer.get_submodule(parent)
+                # An adapter on the row-split layer needs whole activations (see _rowwise): the
+                # layer all-reduces, and the block hands on its own sequence shard of them.
+                adapted = any(
+                    n in ROWWISE and hasattr(m, "base_layer") for n, m in block.named_children()
                 )
-                plan[f"{p}.mlp"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),),
-                    desired_input_layouts=(Replicate(),),
-                    use_local_output=local_inputs,
-                )
-            for parent in ("self_attn", "mlp"):
-                for name, module in layer.get_submodule(parent).named_children():
+                out = Replicate() if adapted else between
+                if sp:
+                    plan[f"{p}.{parent}"] = _block_io(takes, adapted, local_inputs, parent)
+                for name, module in block.named_children():
                     path = f"{p}.{parent}.{name}"
                     if name in COLWISE:
                         plan.update(_colwise(path, module))
                     elif name in ROWWISE:
-                        plan.update(_rowwise(path, module, between))
+                        plan.update(_rowwise(path, module, out))
         # the paths above are the transformers model's; peft's and the loss wrapper's sit above
         prefix = next(name for name, m in model.named_modules() if m is base)
         return {f"{prefix}.{k}" if prefix else k: v for k, v in plan.items()}
@@ -227,23 +226,44 @@ def _colwise(path: str, module: nn.Module) -> dict[str, Any]:
 
 
 def _rowwise(path: str, module: nn.Module, output) -> dict[str, Any]:
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import RowwiseParallel
 
     if hasattr(module, "base_layer"):
-        # lora_A reduces its partial products like the base layer; lora_B, whole, then works on
-        # the same (sequence-sharded) activations and its weight's gradient is summed over ranks.
+        # lora_A is split by rows like the base layer and its partial products are reduced the
+        # same way, to whole activations (output is Replicate); lora_B, whole, works on them and
+        # its weight's gradient is the same on every rank.
         plan = {f"{path}.base_layer": RowwiseParallel(output_layouts=output)}
         plan.update(_adapters(path, module, "lora_A", output))
-        if isinstance(output, Shard):
-            plan.update(
-                {
-                    f"{path}.lora_B.{k}": SequenceParallel(use_local_output=True)
-                    for k in module.lora_B
-                }
-            )
         return plan
     return {path: RowwiseParallel(output_layouts=output)}
+
+
+def _block_io(takes: str | None, adapted: bool, local_inputs: bool, parent: str):
+    """Attention / MLP under sequence parallelism: whole activations in (all-gathered from the
+    sequence shards); out, the block's sequence shard of whole activations when an adapter made
+    its row-split layer all-reduce (else that layer's reduce-scatter already gave the shard)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
+
+    inputs: dict[str, Any] = (
+        dict(
+            input_kwarg_layouts={takes: Shard(1)},
+            desired_input_kwarg_layouts={takes: Replicate()},
+        )
+        if takes
+        else dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    )
+    if not adapted:
+        return PrepareModuleInput(**inputs, use_local_output=local_inputs)
+    # attention returns (output, attention weights or None)
+    n_out = 2 if parent == "self_attn" else 1
+    return PrepareModuleInputOutput(
+        **inputs,
+        use_local_input=local_inputs,
+        output_layouts=(Replicate(),) + (None,) * (n_out - 1),
+        desired_output_layouts=(Shard(1),) + (None,) * (n_out - 1),
+        use_local_output=True,
+    )
 
 
 def _adapters(path: str, module: nn.Module, which: str, output) -> dict[str, Any]:
