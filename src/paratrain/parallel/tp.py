@@ -31,3 +31,27 @@ def apply_tp(model: nn.Module, plan: dict[str, Any], mesh) -> nn.Module:
         if name in frozen:
             p.requires_grad_(False)
     return model
+
+
+def replicate_partial_grads(params: list) -> None:
+    """Gradients of replicated DTensor weights (the norms under sequence parallelism) can come
+    back 'Partial' (unsummed over the tp ranks; torch 2.11 leaves them so). Every optimizer step
+    still computes the right update, but state copied from a gradient (SGD's momentum buffer)
+    stays Partial, which checkpoints cannot hold: sum them here, before the optimizer step."""
+    for p in params:
+        g = p.grad
+        if g is not None and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(placements=p.placements)
+
+
+def split_by_kind(params: list) -> list[dict]:
+    """Optimizer parameter groups with DTensor and plain tensors apart (LoRA under tensor
+    parallelism has both): the foreach kernels of one group take one kind (torch 2.11 refuses
+    a mix)."""
+    from torch.distributed.tensor import DTensor
+
+    groups = [
+        [p for p in params if isinstance(p, DTensor)],
+        [p for p in params if not isinstance(p, DTensor)],
+    ]
+    return [{"params": g} for g in groups if g]

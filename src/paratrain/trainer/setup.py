@@ -23,6 +23,7 @@ from paratrain.parallel.apply import data_parallel_wrapper, parallelize, step_co
 from paratrain.parallel.ddp import average_buffers, unwrap
 from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
 from paratrain.parallel.split import apply_split, split_devices
+from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.tasks import Workload, task_module
 from paratrain.trainer.checkpoint import (
@@ -65,6 +66,9 @@ class Run:
     wrapper: str | None
     split: dict | None
     step_context: Callable[[], contextlib.AbstractContextManager]
+    dtensor_params: list
+    """Trainable DTensor weights under tensor parallelism (their gradients are summed over the
+    tp ranks before each optimizer step), else empty."""
 
     @property
     def redundant(self) -> bool:
@@ -178,7 +182,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     seed_all(cfg.seed + dims.dp_rank)
 
     params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = build_optimizer(params, tc)
+    optimizer = build_optimizer(split_by_kind(params) if dims.tp_enabled else params, tc)
     scaler = build_scaler(cfg.precision, cfg.scaler, device)
     k = tc.grad_accum_steps
     steps_per_epoch = len(work.train) // k
@@ -210,6 +214,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         wrapper=wrapper,
         split=split,
         step_context=lambda: step_context(dims, cfg.parallel),
+        dtensor_params=[p for p in params if hasattr(p, "placements")],
     )
     if cfg.checkpoint.resume:
         resume(run, resolve_resume(cfg.checkpoint.resume))

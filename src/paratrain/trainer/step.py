@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from paratrain.parallel.apply import gradient_sync
+from paratrain.parallel.tp import replicate_partial_grads
 
 
 def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -38,6 +39,7 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
                 loss_sum = detached if loss_sum is None else loss_sum + detached
                 if n_tokens is not None:
                     tokens = n_tokens if tokens is None else tokens + n_tokens
+    replicate_partial_grads(run.dtensor_params)  # tensor parallel: summed norms' gradients
     if scaler is not None:
         scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
         scaler.update()  # ... and then the scale backs off
