@@ -163,7 +163,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", type=int, help="nodes (launch.nnodes)")
     p.add_argument("--node-rank", type=int, help="this node's rank (launch.node_rank)")
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
-    p.add_argument("--resume", help="checkpoint file or run directory to continue from")
+    p.add_argument("--resume", help="checkpoint folder (step_*) or run directory to continue from")
     p.add_argument("--output-dir", help="where results go (output_dir)")
 
 

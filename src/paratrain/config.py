@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import textwrap
 import types
 import typing
@@ -78,8 +79,9 @@ class RunConfig:
                 "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
             )
         p = self.parallel
+        # DDP runs where data_parallel_wrapper picks it: replicas and nothing else
         replicating = self.strategy.startswith("ddp") or (
-            self.strategy == "auto" and p.dp_shard == 1 and p.tp == 1
+            self.strategy == "auto" and (p.dp_shard, p.tp, p.pp) == (1, 1, 1)
         )
         if self.ddp.gradient_compression != "none" and not replicating:
             raise ValueError(
@@ -106,10 +108,12 @@ class RunConfig:
         default (so it can be applied again to its own output: config.yaml)."""
         p, short = self.parallel, STRATEGIES[self.strategy]
         nproc, nnodes = self.launch.nproc, self.launch.nnodes
-        several = nproc not in (None, 1) or nnodes > 1
+        launches_several = nproc not in (None, 1) or nnodes > 1
+        several = launches_several or _job_size() > 1
         trivial = p.dp_replicate in (None, 1) and (p.dp_shard, p.tp, p.pp) == (1, 1, 1)
         if self.strategy == "auto" and trivial:
-            self.strategy = "ddp-ds" if several else "single"
+            by_sampler = {"full": "ddp-full", "round-robin": "ddp-rr"}
+            self.strategy = by_sampler.get(self.data.sampler, "ddp-ds") if several else "single"
             short = STRATEGIES[self.strategy]
         if self.data.sampler == "auto":
             self.data.sampler = short.sampler
@@ -119,7 +123,7 @@ class RunConfig:
                 f"sampler, got {self.data.sampler}; leave data.sampler at auto"
             )
         if self.strategy in ONE_PROCESS:
-            if several:
+            if launches_several:
                 raise ValueError(
                     f"launch.nproc: strategy {self.strategy} runs in one process, got "
                     f"nproc={nproc} nnodes={nnodes}; use ddp-ds (or ddp-rr, ddp-full) for several"
@@ -130,11 +134,11 @@ class RunConfig:
                     f"({_set_degrees(p)}) need several (strategy auto lets them decide)"
                 )
             return
-        if short.wrapper == "ddp" and (p.dp_shard != 1 or p.tp != 1):
+        if short.wrapper == "ddp" and (p.dp_shard != 1 or p.tp != 1 or p.pp != 1):
             raise ValueError(
-                f"strategy: {self.strategy} replicates whole models (DDP), which cannot hold "
-                f"sharded or tensor-parallel weights ({_set_degrees(p)}); use strategy=fsdp, or "
-                "auto"
+                f"strategy: {self.strategy} replicates whole models (DDP), which holds no sharded "
+                f"or tensor-parallel weights and no pipeline schedule ({_set_degrees(p)}); use "
+                "strategy=auto (replicas then come from FSDP2) or fsdp"
             )
         inferred = any(v == -1 for v in p.degrees().values())
         # this axis takes the ranks the others leave (dp_replicate's null already does)
@@ -166,6 +170,17 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _job_size() -> int:
+    """Processes of a job that launched this one (an outside torchrun, or a SLURM step whose
+    tasks are the ranks); 1 when paratrain launches its own."""
+    from paratrain.launch import launched_by_torchrun, slurm_rank_env
+
+    if launched_by_torchrun():
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    slurm = slurm_rank_env()
+    return int(slurm["WORLD_SIZE"]) if slurm else 1
 
 
 def _set_degrees(p: ParallelConfig) -> str:

@@ -44,6 +44,7 @@ def test_dims_without_a_process_group_are_rank_zero():
     [
         ([], ("single", {}, "distributed")),
         (["launch.nproc=4"], ("ddp-ds", {}, "distributed")),
+        (["launch.nproc=4", "data.sampler=full"], ("ddp-full", {}, "full")),
         (["strategy=ddp-rr"], ("ddp-rr", {}, "round-robin")),
         (["strategy=ddp-full"], ("ddp-full", {}, "full")),
         (["strategy=fsdp"], ("fsdp", {"dp_shard": -1}, "distributed")),
@@ -130,6 +131,10 @@ BAD = [
         "strategy: ddp-ds replicates whole models (DDP)",
     ),
     (
+        ["--set", "model.shape=tiny", "--set", "strategy=ddp-ds", "--set", "parallel.pp=2"],
+        "strategy: ddp-ds replicates whole models (DDP), which holds no sharded",
+    ),
+    (
         ["--set", "model.shape=tiny", "--set", "strategy=single", "--set", "parallel.tp=2"],
         "strategy: single runs in one process; the parallel.* degrees set (tp=2)",
     ),
@@ -180,3 +185,41 @@ def test_tensor_parallelism_is_for_language_models(capsys):
     assert "parallel.tp: tensor parallelism splits language models' projections" in (
         capsys.readouterr().err
     )
+
+
+def test_a_checkpoint_of_an_earlier_release_is_named(tmp_path):
+    from paratrain.errors import UserError
+    from paratrain.trainer.checkpoint import resolve_resume
+
+    old = tmp_path / "step_00000010.pt"
+    old.write_bytes(b"")
+    with pytest.raises(UserError, match="single-file checkpoint of an earlier paratrain"):
+        resolve_resume(str(old))
+
+
+def test_resume_with_another_batch_counts_this_layouts_steps(tmp_path):
+    """A checkpoint from batch 8 (32 steps an epoch) resumed with batch 16 (16 an epoch): the
+    64 samples of epoch 1 already trained are 4 steps of the new layout, and the run ends after
+    2 epochs of it (32 steps), not after the old count (64)."""
+    from conftest import TINY_SETTINGS, read_result
+
+    from paratrain.trainer.loop import train
+
+    base = [*TINY_SETTINGS, "data.limit_samples=256", "train.epochs=2", "checkpoint.keep=0"]
+    train(
+        load_config(
+            None,
+            [*base, "data.batch_size=8", "checkpoint.every_steps=8"]
+            + [f"output_dir={tmp_path / 'a'}"],
+        )
+    )
+    mid = tmp_path / "a" / "checkpoints" / "step_00000040"
+    train(
+        load_config(
+            None,
+            [*base, "data.batch_size=16", f"checkpoint.resume={mid}"]
+            + [f"output_dir={tmp_path / 'b'}"],
+        )
+    )
+    s = read_result(tmp_path / "b")["summary"]
+    assert s["optimizer_steps"] == 32 and s["steps_this_run"] == 12

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 
 AXES = ("pp", "dp_replicate", "dp_shard", "tp")
 
@@ -141,16 +140,6 @@ class ParallelDims:
         """The sub-mesh over `axes` (e.g. "dp_shard", or "dp_replicate", "dp_shard" for HSDP)."""
         return self.mesh[axes[0]] if len(axes) == 1 else self.mesh[axes]
 
-    @cached_property
-    def dp_mesh(self):
-        """Both data-parallel axes flattened into one ("dp"): the group gradients are averaged
-        over, and what samplers shard the data by."""
-        if self.dp_replicate == 1:
-            return self.mesh["dp_shard"]
-        if self.dp_shard == 1:
-            return self.mesh["dp_replicate"]
-        return self.mesh["dp_replicate", "dp_shard"]._flatten("dp")
-
     def coordinate(self, axis: str) -> int:
         """This rank's index along `axis` (0 without a process group)."""
         if not self.distributed:
@@ -166,10 +155,6 @@ class ParallelDims:
     @property
     def pp_rank(self) -> int:
         return self.coordinate("pp")
-
-    @property
-    def tp_rank(self) -> int:
-        return self.coordinate("tp")
 
     def describe(self) -> dict[str, int]:
         return {a: getattr(self, a) for a in AXES}

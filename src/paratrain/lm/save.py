@@ -11,18 +11,19 @@ from torch import nn
 
 def full_state_dict(model: nn.Module, pipelined: bool = False) -> dict:
     """Every rank calls this; rank 0 gets the whole (unsharded) state on the CPU. A pipeline's
-    stages each hold part of the model: every rank gathers its stage's whole tensors (an
-    adapter's are small) and rank 0 merges the stages' disjoint parts."""
+    stages each hold part of the model: every rank gathers its stage's whole trainable tensors
+    (an adapter's are small; the frozen base is not moved) and rank 0 merges the stages'
+    disjoint parts."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if not pipelined:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(model, options=options)
-    local = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    local = {k: v.cpu() for k, v in local.items()}
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, local)
-    return {k: v for part in parts for k, v in part.items()}
+    options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    local = {k: v.cpu() for k, v in get_model_state_dict(model, options=options).items()}
+    parts: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    return {k: v for part in parts or [] for k, v in part.items()}
 
 
 def save_adapter(

@@ -40,7 +40,7 @@ class ModelConfig:
     """Language model attention kernel (transformers' attn_implementation)."""
     loss_chunk_tokens: int = 0
     """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
-    whole [tokens, vocab] logits (lm/loss.py); 0 uses transformers' own loss."""
+    whole [tokens, vocab] logits (models/causal_lm/loss.py); 0 uses transformers' own loss."""
     depthwise_conv: Literal["native", "shift-add"] = "native"
     """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
     least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses

@@ -82,8 +82,8 @@ def _head_forward(model: nn.Module) -> Callable:
     if hasattr(model, "pool") and hasattr(model, "classifier"):  # paratrain's tiny CNN
         return lambda m, x: m.classifier(m.pool(x).flatten(1))
     raise UserError(
-        "strategy: pipeline cuts MobileNetV2, ResNet-50 and the tiny CNN into stages; "
-        f"{type(model).__name__} is none of them"
+        "strategy: pipeline cuts MobileNetV2, ResNet-50 and the tiny CNN into stages (split "
+        f"too); {type(model).__name__} is none of them"
     )
 
 

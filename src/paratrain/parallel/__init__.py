@@ -24,11 +24,12 @@ SamplerMode = Literal["distributed", "round-robin", "full"]
 class Shorthand:
     doc: str
     axis: str | None = None
-    """The degree that takes the ranks the others leave (-1), or None: one process."""
+    """The degree that takes the ranks the others leave (-1); None: none (one process, or for
+    auto whatever the degrees say)."""
     sampler: SamplerMode = "distributed"
     wrapper: Literal["ddp", "fsdp", "data-parallel", None] = None
-    """The data-parallel wrapper this name always means, even on one rank (ddp-* runs DDP, fsdp
-    runs fully_shard); None lets the degrees decide."""
+    """The data-parallel wrapper this name means, even on one rank (ddp-* runs DDP, fsdp runs
+    fully_shard); None lets the degrees decide (parallel/apply.py data_parallel_wrapper)."""
 
 
 STRATEGIES: dict[str, Shorthand] = {

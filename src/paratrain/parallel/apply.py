@@ -82,9 +82,8 @@ def parallelize(
     if wrapper == "fsdp":  # 4
         axes = ("dp_replicate", "dp_shard") if dims.dp_replicate > 1 else ("dp_shard",)
         return apply_fsdp(inner, spec.blocks(model), dims.submesh(*axes), policy), inner
-    if wrapper == "ddp":
-        group = dims.dp_mesh.get_group() if dims.world_size > dims.dp_size else None
-        return apply_ddp(inner, device, ddp, group), inner
+    if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
+        return apply_ddp(inner, device, ddp), inner
     if wrapper == "data-parallel":
         wrapped = apply_dp(inner, device)
         return wrapped, wrapped

@@ -11,8 +11,9 @@ count of loss terms (samples, or trained tokens), so a step equals a single-proc
 whole batch, whatever the micro-batches hold (for models without BatchNorm, which normalises by
 each micro-batch's own statistics).
 
-Under data parallelism (PP x DP) each stage is wrapped in DDP or FSDP over its data-parallel
-group before the PipelineStage is made; the schedule skips their gradient sync on all but the
+Under data parallelism (PP x DP) each stage is wrapped in FSDP2 over its data-parallel ranks
+(replicated, sharded or both; DDP's reducer expects one forward per backward and a schedule runs
+several) before the PipelineStage is made; the schedule skips the gradient sync on all but the
 last micro-batch.
 """
 

@@ -6,9 +6,9 @@ Each task is a module with three functions the rest of paratrain calls:
     check(cfg)                    config-time checks across owners (ValueError naming the field)
     preflight(cfg, cuda, dims)    checks that need this machine or its files (UserError), once,
                                   before any process starts
-    build(cfg, env, dims, policy, loader_batch) -> Workload    in every rank
+    build(cfg, env, dims, policy, loader_batch, collective_forward) -> Workload   every rank
 
-train.py's loop is the same for every task; the differences live in tasks/<name>.py.
+The loop (trainer/) is the same for every task; the differences live in tasks/<name>.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def resolve_task(task: str, data_source: str) -> str:
     if task != by_source:
         kind = "text" if by_source == "causal_lm" else "image"
         raise ValueError(
-            f"data.source: {data_source} is a {kind} data set, which task {task} does not read; "
+            f"data.source: {data_source} is {kind} data, which task {task} does not read; "
             f"use task {by_source} or another source"
         )
     return task

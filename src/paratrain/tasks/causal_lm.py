@@ -78,7 +78,12 @@ def model_config(cfg):
         return SHAPES[cfg.model.shape]
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(cfg.model.path)
+    try:
+        return AutoConfig.from_pretrained(cfg.model.path)
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"model.path: cannot read {cfg.model.path}'s config ({str(e).splitlines()[0][:200]})"
+        ) from None
 
 
 def preflight(cfg, cuda: bool, dims) -> None:
@@ -91,6 +96,18 @@ def preflight(cfg, cuda: bool, dims) -> None:
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
     check_parallel(model_config(cfg), tp=dims.tp, pp=dims.pp)
+    d = cfg.data
+    if d.packing or dims.pp > 1:  # rows are exactly max_length wide
+        need = {
+            "model.fp8 (float8 matmuls)": 16 if cfg.model.fp8 != "none" else 1,
+            "sequence parallelism (parallel.tp)": dims.tp if cfg.parallel.sequence_parallel else 1,
+        }
+        for why, multiple in need.items():
+            if d.max_length % multiple:
+                raise UserError(
+                    f"data.max_length: {d.max_length} is not a multiple of {multiple}, which "
+                    f"{why} needs with {'data.packing' if d.packing else 'parallel.pp'}"
+                )
 
 
 def _examples(cfg, tokenizer, vocab: int):
@@ -249,7 +266,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             n = trained_tokens(batch["labels"])
             with policy.autocast():
                 out = model(**{k: v for k, v in batch.items() if k != "num_tokens"})
-                total += _plain(out.loss).double() * n
+                total += _plain(out.loss).double().to(total.device) * n  # split: last GPU
             count += n
         s, c = pg.all_reduce_sum([total.item(), count.item()], env.device)
         return summarize({"loss_sum": s, "tokens": c})

@@ -90,6 +90,12 @@ def resolve_resume(path: str) -> Path:
     p = Path(path)
     if (p / _TRAIN_STATE).is_file():
         return p
+    if p.is_file() and p.suffix == ".pt":
+        raise UserError(
+            f"checkpoint.resume: {p} is a single-file checkpoint of an earlier paratrain; this "
+            "one reads torch.distributed.checkpoint folders (step_*/). Its tensors still load "
+            "with torch.load(path)['model']"
+        )
     for d in (p, p / "checkpoints"):
         found = list_checkpoints(d)
         if found:
@@ -204,9 +210,12 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scaler: Any,
     device: torch.device,
+    layout: dict[str, Any] | None = None,
 ) -> tuple[LoopState, dict[str, Any]]:
     """Loads into this rank's layout (whatever wrote it) -> (loop state, the writer's layout
-    and world size). Random number streams continue only where the process count is the same."""
+    and world size). Random number streams continue only where the writer had the same
+    processes in the same layout (`layout`: this run's, as save_checkpoint records it): a rank
+    then has the same role, and a tensor-parallel group's ranks keep one stream."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -233,7 +242,8 @@ def load_checkpoint(
     if scaler is not None and train_state["scaler"] is not None:
         scaler.load_state_dict(train_state["scaler"])
     rank, world = _rank_world()
-    if train_state["world_size"] == world:
+    same_roles = train_state.get("layout", {}).get("degrees") == (layout or {}).get("degrees")
+    if train_state["world_size"] == world and same_roles:
         rng = torch.load(path / f"rng_rank{rank:05d}.pt", map_location="cpu", weights_only=False)
         set_rng_state(rng, device)
     writer = {"world_size": train_state["world_size"], **train_state.get("layout", {})}

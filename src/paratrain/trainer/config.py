@@ -1,4 +1,4 @@
-"""Configs of the training loop (train.py) and its output; kept apart so config.py can compose
+"""Configs of the training loop (trainer/loop.py) and its output; kept apart so config.py can compose
 them without importing the loop."""
 
 from __future__ import annotations

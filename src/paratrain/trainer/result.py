@@ -54,6 +54,8 @@ def build(
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
     device = env.device
+    # GPUs the run used: one per process, or all that a split spans
+    gpus = len(run.split["devices"]) if run.split and device.type == "cuda" else env.world_size
     peak, peak_kind = metrics.peak_memory_bytes(device, run.split)
     peak = int(pg.all_reduce_max(float(peak), device))
     measured_steps, measured_s, warmup_excluded, first_tokens = window
@@ -88,7 +90,7 @@ def build(
         peak_flops = metrics.peak_flops(device)
         # MFU = achieved model FLOP/s per device / the device's dense peak (models/causal_lm/spec.py)
         summary["mfu"] = (
-            work.flops_per_token * summary["tokens_per_s"] / env.world_size / peak_flops
+            work.flops_per_token * summary["tokens_per_s"] / gpus / peak_flops
             if peak_flops
             else None
         )

@@ -96,6 +96,10 @@ class Run:
         if isinstance(self.model, DistributedDataParallel) and not self.cfg.ddp.broadcast_buffers:
             average_buffers(self.model, self.model.process_group)
 
+    @property
+    def layout(self) -> dict[str, Any]:
+        return {"degrees": self.dims.describe(), "label": self.dims.label()}
+
     def save(self) -> None:
         """Every N steps and at the end: the same state, the same files (collective)."""
         self.state.samples_in_epoch = self.state.step_in_epoch * self.k * self.loader_batch
@@ -108,7 +112,7 @@ class Run:
             state=self.state,
             device=self.env.device,
             keep=self.cfg.checkpoint.keep,
-            layout={"degrees": self.dims.describe(), "label": self.dims.label()},
+            layout=self.layout,
         )
 
 
@@ -214,7 +218,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         wrapper=wrapper,
         split=split,
         step_context=lambda: step_context(dims, cfg.parallel),
-        dtensor_params=[p for p in params if hasattr(p, "placements")],
+        dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
     )
     if cfg.checkpoint.resume:
         resume(run, resolve_resume(cfg.checkpoint.resume))
@@ -228,22 +232,23 @@ def resume(run: Run, path: Path) -> None:
         optimizer=run.optimizer,
         scaler=run.scaler,
         device=run.env.device,
+        layout=run.layout,
     )
     # The epoch's samples already trained on, in this layout's steps: the same position when
     # the layout is the same, the nearest step boundary before it when it is not.
     per_step = run.unique_per_step
     state.step_in_epoch = state.samples_in_epoch // per_step
     state.samples_in_epoch = state.step_in_epoch * per_step
+    if run.cfg.train.max_steps is None:  # epochs decide the length: count steps in this layout's
+        state.step = state.epoch * run.steps_per_epoch + state.step_in_epoch
     run.state = state
     note = ""
-    if writer.get("world_size") != run.env.world_size or writer.get("degrees") not in (
-        None,
-        run.dims.describe(),
+    if writer.get("world_size") != run.env.world_size or writer.get("degrees") != (
+        run.dims.describe()
     ):
         note = (
             f"; written by {writer.get('world_size')} processes ({writer.get('label', '?')}),"
-            f" resharded to {run.dims.label()}"
-            + ("; random streams restart" if writer.get("world_size") != run.env.world_size else "")
+            f" resharded to {run.dims.label()}; random streams restart"
         )
     if run.env.is_main:
         print(

@@ -35,7 +35,8 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
                             loss = loss / k
                     # backward: DDP all-reduces gradient buckets here, overlapped with compute
                     (scaler.scale(loss) if scaler else loss).backward()
-                detached = _plain(loss.detach())
+                # strategy=split: the loss comes from the last GPU; the sums live on the first
+                detached = _plain(loss.detach()).to(run.env.device)
                 loss_sum = detached if loss_sum is None else loss_sum + detached
                 if n_tokens is not None:
                     tokens = n_tokens if tokens is None else tokens + n_tokens

@@ -30,7 +30,7 @@ def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Mo
 
     liger: Liger-Kernel's RMSNorm, rotary embedding and SwiGLU MLP, found by the config's
     model_type. Its fused linear cross-entropy (also the whole of liger-loss) is applied by the
-    loss wrapper (lm/loss.py), not by patching the model's forward, so the same loss path serves
+    loss wrapper (models/causal_lm/loss.py), not by patching the model's forward, so the same loss path serves
     every strategy.
     """
     if kernels == "none":

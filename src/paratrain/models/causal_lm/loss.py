@@ -9,8 +9,8 @@ positions whose label is -100 (the prompt, padding) never reach lm_head at all.
 With model.kernels=liger the same wrapper calls Liger-Kernel's fused linear cross-entropy instead
 (a Triton kernel that computes each chunk's logits, loss and gradients in one pass, on CUDA).
 
-Under tensor parallelism the wrapper computes lm_head and the loss itself (mode "logits"): the
-logits are split over the vocabulary (a DTensor) and torch's loss_parallel computes the
+Under tensor parallelism the wrapper computes lm_head and the loss itself from whole logits
+(chunk 0, no fused kernel): the logits are split over the vocabulary (a DTensor) and torch's loss_parallel computes the
 cross-entropy on the shards; the training step runs forward and backward inside that context.
 """
 
@@ -110,12 +110,6 @@ class ChunkedLossLM(nn.Module):
 
     def get_base_model(self) -> nn.Module:
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
-
-    def gradient_checkpointing_enable(self, **kwargs):
-        return self.lm.gradient_checkpointing_enable(**kwargs)
-
-    def enable_input_require_grads(self):
-        return self.lm.enable_input_require_grads()
 
     @property
     def config(self):

@@ -50,7 +50,7 @@ def check_parallel(config: Any, *, tp: int, pp: int) -> None:
                     f"use a tp that divides it"
                 )
     if pp > 1:
-        layers = get("num_hidden_layers")
+        layers = get("num_hidden_layers") or 0
         if layers < pp:
             raise UserError(
                 f"parallel.pp: {pp} pipeline stages but the model has only {layers} decoder layers"
