@@ -33,6 +33,12 @@ def apply_tp(model: nn.Module, plan: dict[str, Any], mesh) -> nn.Module:
     return model
 
 
+def whole_tensor(t):
+    """A value computed on shards (a DTensor: the loss over vocabulary shards) as a plain tensor;
+    a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def replicate_partial_grads(params: list) -> None:
     """Gradients of replicated DTensor weights (the norms under sequence parallelism) can come
     back 'Partial' (unsummed over the tp ranks; torch 2.11 leaves them so). Every optimizer step

@@ -20,6 +20,7 @@ from paratrain.models.causal_lm.lora import apply_lora
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
 from paratrain.parallel.pipeline import PipelineHooks
+from paratrain.parallel.tp import whole_tensor
 from paratrain.tasks import Workload
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
@@ -143,11 +144,6 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     return {"val_loss": mean, "val_perplexity": float(torch.exp(torch.tensor(min(mean, 50.0))))}
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """A loss computed on vocabulary shards (a DTensor) as a plain tensor, for sums."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
     from paratrain.lm.tokenizer import load_tokenizer
 
@@ -266,7 +262,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             n = trained_tokens(batch["labels"])
             with policy.autocast():
                 out = model(**{k: v for k, v in batch.items() if k != "num_tokens"})
-                total += _plain(out.loss).double().to(total.device) * n  # split: last GPU
+                total += whole_tensor(out.loss).double().to(total.device) * n  # split: last GPU
             count += n
         s, c = pg.all_reduce_sum([total.item(), count.item()], env.device)
         return summarize({"loss_sum": s, "tokens": c})

@@ -44,7 +44,7 @@ class Meter:
         self.warm_clock = 0.0
         # language models: non-padding tokens, counted on the device (no sync per step)
         self.tokens = torch.zeros((), device=device, dtype=torch.int64)
-        self.tokens_at_warm = 0
+        self.tokens_at_warm = self.tokens
 
     def at_warm_mark(self, step: int) -> bool:
         return self.warm_step is None and step - self.start_step == self.first_measured
@@ -56,7 +56,7 @@ class Meter:
     def window(self, step: int, clock: TrainClock) -> tuple[int, float, bool, int]:
         """-> (measured steps, seconds, warm-up excluded, tokens counted before the window)."""
         if self.warm_step is not None and step > self.warm_step:
-            first = int(self.tokens_at_warm.item()) if torch.is_tensor(self.tokens_at_warm) else 0
+            first = int(self.tokens_at_warm.item())
             return step - self.warm_step, clock.elapsed() - self.warm_clock, True, first
         return step - self.start_step, clock.elapsed(), False, 0
 

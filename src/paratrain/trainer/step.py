@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from paratrain.parallel.apply import gradient_sync
-from paratrain.parallel.tp import replicate_partial_grads
+from paratrain.parallel.tp import replicate_partial_grads, whole_tensor
 
 
 def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -36,7 +36,7 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
                     # backward: DDP all-reduces gradient buckets here, overlapped with compute
                     (scaler.scale(loss) if scaler else loss).backward()
                 # strategy=split: the loss comes from the last GPU; the sums live on the first
-                detached = _plain(loss.detach()).to(run.env.device)
+                detached = whole_tensor(loss.detach()).to(run.env.device)
                 loss_sum = detached if loss_sum is None else loss_sum + detached
                 if n_tokens is not None:
                     tokens = n_tokens if tokens is None else tokens + n_tokens
@@ -48,8 +48,3 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss_sum, tokens
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """A loss computed on vocabulary shards (a DTensor) as a plain tensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
