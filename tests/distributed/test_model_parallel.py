@@ -1,7 +1,7 @@
 """Model parallelism for language models on CPU processes (gloo), each against one process:
 tensor parallel (full training and LoRA), FSDP x TP and HSDP on a 2 x 2 mesh, pipeline stages of
-decoder layers (1F1B) and pipeline x data parallel (GPipe), and a 2 x 2 checkpoint resumed on
-its own mesh and in one process.
+decoder layers (1F1B), pipeline x data parallel (GPipe), the interleaved schedule (two stages
+per rank) under FSDP, and a 2 x 2 checkpoint resumed on its own mesh and in one process.
 
 A tiny random Llama on random tokens (every position trained, so a batch's mean loss does not
 depend on how it is split), fp32, AdamW for 4 steps. Tolerances: AdamW divides by the root of
@@ -144,3 +144,25 @@ def test_pipeline_x_data_parallel_2x2_equals_single(tmp_path, single):
     )
     close_to(out, single["full8"])
     assert read_result(out)["strategy"] == "ddp+pp"
+
+
+def test_interleaved_pipeline_x_fsdp_2x2_equals_single(tmp_path):
+    """pp=2 x dp_shard=2, interleaved 1F1B: 4 decoder layers in 4 stages, ranks of the pp axis
+    holding two each (stages 0 and 2, 1 and 3), each stage sharded by FSDP2. SGD: no division
+    by a gradient's own size, so the two runs agree to rounding (AdamW's noise on a near-zero
+    gradient in 4 layers reaches 2e-4 for every pipeline schedule alike)."""
+    deep = ["model.layers=4", "lora.enabled=false", "train.optimizer=sgd"]
+    reference = tmp_path / "single"
+    train(load_config(None, [*LM, *deep, "data.batch_size=4", f"output_dir={reference}"]))
+    out = run_parallel(
+        tmp_path,
+        "interleaved",
+        4,
+        *deep,
+        *("strategy=fsdp", "parallel.pp=2", "parallel.dp_shard=2", "data.batch_size=2"),
+        *("pipeline.schedule=interleaved-1f1b", "pipeline.microbatches=2"),
+    )
+    assert max_abs_diff(final_weights(out), final_weights(reference)) < 1e-6
+    a, b = (read_result(r)["summary"]["train_loss"] for r in (out, reference))
+    assert abs(a - b) < 1e-5 * abs(b), (a, b)
+    assert read_result(out)["parallel"]["label"] == "pp=2 x dp_shard=2"

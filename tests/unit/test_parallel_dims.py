@@ -163,6 +163,17 @@ BAD = [
         "model.attn_implementation: pipeline stages rely on causal attention without a mask",
     ),
     (
+        ["--set", "model.shape=tiny", "--set", "parallel.pp=2"]
+        + ["--set", "pipeline.schedule=interleaved-1f1b"],
+        "pipeline.stages_per_rank",
+    ),
+    (
+        ["--set", "model.shape=tiny", "--set", "model.layers=4", "--set", "parallel.pp=2"]
+        + ["--set", "pipeline.schedule=interleaved-1f1b", "--set", "pipeline.microbatches=1"]
+        + ["--set", "data.batch_size=2"],
+        "pipeline.microbatches: the interleaved schedule takes a multiple of the 2",
+    ),
+    (
         ["--set", "model.shape=tiny", "--set", "strategy=ddp-rr", "--set", "data.sampler=full"],
         "data.sampler: strategy ddp-rr reads with the round-robin sampler, got full",
     ),

@@ -64,3 +64,38 @@ def test_stages_in_a_row_equal_the_whole_model(name, stages, channels_last):
 def test_a_model_it_cannot_cut_is_a_one_line_error():
     with pytest.raises(UserError, match="strategy: pipeline cuts MobileNetV2, ResNet-50"):
         blocks_of(torch.nn.Linear(2, 2))
+
+
+def test_interleaved_stages_of_a_language_model_in_order_equal_the_whole_model():
+    """Two ranks holding two stages each (rank 0: stages 0 and 2, rank 1: 1 and 3), run in
+    stage order, compute the whole model's logits; the two ranks' models hold all its
+    parameters once, under the same names."""
+    from types import SimpleNamespace
+
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.spec import CausalLMSpec
+    from paratrain.parallel.pipeline import PipelineConfig, cut_stage
+
+    torch.manual_seed(0)
+    model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, layers=4).eval()
+    ids = torch.randint(0, 320, (2, 16))
+    cfg = PipelineConfig(schedule="interleaved-1f1b")
+    ranks = [copy.deepcopy(model) for _ in range(2)]
+    stages = [
+        cut_stage(m, CausalLMSpec(), SimpleNamespace(pp=2, pp_rank=r), cfg)
+        for r, m in enumerate(ranks)
+    ]
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        out = ids
+        for k in range(2):
+            for r in range(2):
+                out = stages[r][k](out)
+    torch.testing.assert_close(out, expected)
+    names = [set(m.state_dict()) for m in ranks]
+    assert names[0] | names[1] == set(model.state_dict()) and not names[0] & names[1]
+    assert {n for n, _ in stages[0][1].named_parameters()} == {  # stage 2: layer 2 only
+        n.removeprefix("model.").replace(".2.", ".0.")
+        for n in names[0]
+        if n.startswith("model.layers.2.")
+    }

@@ -36,6 +36,9 @@ class ModelConfig:
     """Language model: load the weights at path, or build the architecture with random weights."""
     shape: Literal["llama3-8b", "llama3.2-1b", "tiny"] | None = None
     """Language model with init=random and no path: a named Llama shape."""
+    layers: int | None = None
+    """Language model with init=random: this many decoder layers instead of the shape's (a
+    shallow 8B for a quick try of its width, a deeper tiny model for pipeline stages)."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
     """Language model attention kernel (transformers' attn_implementation)."""
     loss_chunk_tokens: int = 0
@@ -70,6 +73,8 @@ class ModelConfig:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"loss_chunk_tokens: must be >= 0, got {self.loss_chunk_tokens}")
+        if self.layers is not None and (self.layers < 1 or self.init != "random"):
+            raise ValueError(f"layers: needs init=random and a count >= 1, got {self.layers}")
         if self.init == "pretrained" and self.shape is not None:
             raise ValueError("init: a shape builds random weights; set model.init=random")
         if self.name not in MODELS and not _USER.fullmatch(self.name):

@@ -57,9 +57,12 @@ def parallelize(
     parallel,
     lora: bool,
     compile_units: list[nn.Module] | None,
+    stage_modules: list[nn.Module] | None = None,
 ) -> tuple[nn.Module, nn.Module]:
     """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
-    whose forward is a collective)."""
+    whose forward is a collective). stage_modules: an interleaved pipeline's stages on this
+    rank, which share `model`'s layers; FSDP wraps each of them (their forwards are what run)
+    rather than `model`."""
     if dims.tp_enabled:  # 1
         plan = spec.tp_plan(
             model,
@@ -81,7 +84,14 @@ def parallelize(
         inner = torch.compile(model, **train.compile_kwargs())
     if wrapper == "fsdp":  # 4
         axes = ("dp_replicate", "dp_shard") if dims.dp_replicate > 1 else ("dp_shard",)
-        return apply_fsdp(inner, spec.blocks(model), dims.submesh(*axes), policy), inner
+        mesh = dims.submesh(*axes)
+        if stage_modules and len(stage_modules) > 1:
+            for stage in stage_modules:
+                held = {id(m) for m in stage.modules()}
+                blocks = [b for b in spec.blocks(model) if id(b) in held]
+                apply_fsdp(stage, blocks, mesh, policy)
+            return inner, inner
+        return apply_fsdp(inner, spec.blocks(model), mesh, policy), inner
     if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
         return apply_ddp(inner, device, ddp), inner
     if wrapper == "data-parallel":

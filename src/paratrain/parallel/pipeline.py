@@ -38,9 +38,15 @@ class PipelineConfig:
     """Micro-batches per step: each stage works on one while the others work on the rest. More
     of them shrink the idle 'bubble' ((stages-1)/(microbatches+stages-1) of the step) but give
     each kernel less work. data.batch_size must divide by it."""
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
     """gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
-    1f1b: one forward, one backward in turn once the pipe is full (at most `stages` held)."""
+    1f1b: one forward, one backward in turn once the pipe is full (at most `stages` held);
+    interleaved-1f1b (Narayanan et al. 2021, language models): each rank holds
+    stages_per_rank smaller stages, looped (rank r holds stages r, r + pp, ...), which shrinks
+    the bubble by that factor for as many more activation sends."""
+    stages_per_rank: int = 2
+    """With interleaved-1f1b: the stages each rank holds (the decoder layers are cut into
+    pp x stages_per_rank stages). The other schedules hold one."""
     boundaries: list[int] = field(default_factory=list)
     """Unit indices where stages 2, 3, ... begin (one fewer than the stages), to balance the
     stages' compute by hand: MobileNetV2's early blocks work on large images with few weights.
@@ -49,6 +55,8 @@ class PipelineConfig:
     unit counts."""
 
     def __post_init__(self) -> None:
+        if self.stages_per_rank < 1:
+            raise ValueError(f"stages_per_rank: must be >= 1, got {self.stages_per_rank}")
         if self.microbatches < 1:
             raise ValueError(f"microbatches: must be >= 1, got {self.microbatches}")
         b = self.boundaries
@@ -85,13 +93,42 @@ def stage_ranges(
     return out
 
 
-def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any) -> nn.Module:
-    """This rank's stage of `model`, cut in place (before tensor parallelism and wrapping)."""
+def local_stages(dims, cfg: PipelineConfig) -> tuple[list[int], int]:
+    """-> (the stage indices this rank holds, all stages): one per rank, or stages_per_rank
+    looped ones (rank r: r, r + pp, ...), the order torch's interleaved schedules expect."""
+    per_rank = cfg.stages_per_rank if cfg.schedule.startswith("interleaved") else 1
+    return [dims.pp_rank + k * dims.pp for k in range(per_rank)], dims.pp * per_rank
+
+
+def check_interleaved(cfg: PipelineConfig, pp: int, model_cuts: bool) -> None:
+    """An interleaved schedule's needs, before launch: a model whose spec makes several stages
+    per rank (model_cuts), and micro-batches in whole rounds over the pipeline ranks."""
+    if pp < 2 or not cfg.schedule.startswith("interleaved"):
+        return
+    if not model_cuts:
+        raise UserError(
+            "pipeline.schedule: interleaved stages are built for language models; an image "
+            "model's pipeline runs gpipe or 1f1b"
+        )
+    if cfg.microbatches % pp:
+        raise UserError(
+            f"pipeline.microbatches: the interleaved schedule takes a multiple of the {pp} "
+            f"pipeline ranks, got {cfg.microbatches}"
+        )
+
+
+def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any) -> list[nn.Module]:
+    """This rank's stages of `model`, cut in place (before tensor parallelism and wrapping):
+    [model] itself for one stage per rank; under an interleaved schedule one module per stage,
+    each sharing `model`'s layers (so `model` stays what checkpoints and the optimizer see)."""
     if dims.pp < 2:
         raise UserError("strategy: pipeline needs at least 2 processes (one per stage)")
-    stage = dims.pp_rank
-    keep = stage_ranges(spec.pipeline_units(model), dims.pp, cfg.boundaries)[stage]
-    return spec.make_stage(model, keep, stage, dims.pp, **options)
+    mine, total = local_stages(dims, cfg)
+    keys = ("parallel.pp" if len(mine) == 1 else "pipeline.stages_per_rank", "pipeline.boundaries")
+    ranges = stage_ranges(spec.pipeline_units(model), total, cfg.boundaries, keys)
+    if len(mine) == 1:
+        return [spec.make_stage(model, ranges[mine[0]], mine[0], total, **options)]
+    return spec.make_stages(model, [(s, ranges[s]) for s in mine], total, **options)
 
 
 @dataclass
@@ -119,18 +156,21 @@ class Pipeline:
 
     schedule: Any
     stage: int
+    """This rank's place on the pp axis (it holds stage `stage`, and under an interleaved
+    schedule also stage + pp, ...)."""
     stages: int
+    """Ranks on the pp axis."""
     device: torch.device
     hooks: PipelineHooks
     denominator: list = field(default_factory=lambda: [1])
     """The current batch's count of loss terms, read by the schedule's loss function."""
 
     @property
-    def first(self) -> bool:
+    def first(self) -> bool:  # holds the first stage: takes the inputs
         return self.stage == 0
 
     @property
-    def last(self) -> bool:
+    def last(self) -> bool:  # holds the last stage: computes the loss
         return self.stage == self.stages - 1
 
     def train_step(self, batch) -> torch.Tensor | None:
@@ -182,21 +222,37 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def build_schedule(
-    model: nn.Module, dims, device: torch.device, cfg: PipelineConfig, hooks: PipelineHooks
+    stage_modules: list[nn.Module],
+    dims,
+    device: torch.device,
+    cfg: PipelineConfig,
+    hooks: PipelineHooks,
 ) -> Pipeline:
-    """The PipelineStage over this rank's (wrapped) stage and its schedule."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """The PipelineStages over this rank's (wrapped) stage modules and their schedule."""
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
-    stage_index = dims.pp_rank
+    mine, total = local_stages(dims, cfg)
     group = dims.submesh("pp").get_group()
-    stage = PipelineStage(model, stage_index, dims.pp, device, group=group)
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
-    pipe = Pipeline(None, stage_index, dims.pp, device, hooks)
+    stages = [
+        PipelineStage(module, index, total, device, group=group)
+        for module, index in zip(stage_modules, mine, strict=True)
+    ]
+    pipe = Pipeline(None, dims.pp_rank, dims.pp, device, hooks)
 
     def loss_fn(output, target):
         # summed over the micro-batch, divided by the whole batch's count: the micro-batches'
         # gradients then add up to the batch mean's (hence scale_grads=False)
         return hooks.loss_sum(output, target) / pipe.denominator[0]
 
-    pipe.schedule = kind(stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn, scale_grads=False)
+    options = dict(n_microbatches=cfg.microbatches, loss_fn=loss_fn, scale_grads=False)
+    if cfg.schedule == "interleaved-1f1b":
+        pipe.schedule = ScheduleInterleaved1F1B(stages, **options)
+    else:
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
+        pipe.schedule = kind(stages[0], **options)
     return pipe

@@ -14,12 +14,12 @@ from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampl
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
-from paratrain.models.causal_lm.build import SHAPES, build_causal_lm
+from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
-from paratrain.parallel.pipeline import PipelineHooks
+from paratrain.parallel.pipeline import PipelineHooks, check_interleaved, local_stages
 from paratrain.parallel.tp import whole_tensor
 from paratrain.tasks import Workload
 
@@ -76,15 +76,18 @@ def model_config(cfg):
     """The model's shape (a named SHAPES entry or the checkpoint's config.json): read cheaply
     before launch, for the degree checks."""
     if cfg.model.path is None:
-        return SHAPES[cfg.model.shape]
+        return shape_of(cfg.model.shape, cfg.model.layers)
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(cfg.model.path)
+        config = AutoConfig.from_pretrained(cfg.model.path)
     except (OSError, ValueError) as e:
         raise UserError(
             f"model.path: cannot read {cfg.model.path}'s config ({str(e).splitlines()[0][:200]})"
         ) from None
+    if cfg.model.layers:
+        config.num_hidden_layers = cfg.model.layers
+    return config
 
 
 def preflight(cfg, cuda: bool, dims) -> None:
@@ -96,7 +99,9 @@ def preflight(cfg, cuda: bool, dims) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
-    check_parallel(model_config(cfg), tp=dims.tp, pp=dims.pp)
+    mine, _ = local_stages(dims, cfg.pipeline)
+    check_parallel(model_config(cfg), tp=dims.tp, pp=dims.pp, per_rank=len(mine))
+    check_interleaved(cfg.pipeline, dims.pp, model_cuts=True)
     d = cfg.data
     if d.packing or dims.pp > 1:  # rows are exactly max_length wide
         need = {
@@ -155,7 +160,9 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         if (cfg.lora.enabled and policy.autocast_dtype)
         else policy.param_dtype
     )
-    model = build_causal_lm(m.path, m.init, m.shape, m.attn_implementation, base_dtype, env.device)
+    model = build_causal_lm(
+        m.path, m.init, m.shape, m.attn_implementation, base_dtype, env.device, m.layers
+    )
     # the KV cache is for generation; training only wastes memory on it
     model.config.use_cache = False
     model = apply_kernels(model, m.kernels, env.device)

@@ -15,7 +15,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.models import build_model, resolve_builder
 from paratrain.models.vision import VisionSpec
-from paratrain.parallel.pipeline import PipelineHooks
+from paratrain.parallel.pipeline import PipelineHooks, check_interleaved
 from paratrain.tasks import Workload
 
 
@@ -48,6 +48,7 @@ def preflight(cfg, cuda: bool, dims) -> None:
             f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
         )
     resolve_builder(cfg.model.name)  # a user's "module:function" that does not import
+    check_interleaved(cfg.pipeline, dims.pp, model_cuts=False)
 
 
 def loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -152,10 +152,10 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     work = task.build(cfg, env, dims, policy, loader_batch, collective_forward)
 
     # ---- model parallelism that moves or cuts the model comes first
-    model, split = work.model, None
+    model, split, stage_modules = work.model, None, None
     shards = dims.tp if cfg.parallel.sequence_parallel else 1
-    if dims.pp > 1 or cfg.strategy == "pipeline":  # this rank keeps its stage
-        cut_stage(
+    if dims.pp > 1 or cfg.strategy == "pipeline":  # this rank keeps its stage(s)
+        stage_modules = cut_stage(
             model,
             work.spec,
             dims,
@@ -180,8 +180,12 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         parallel=cfg.parallel,
         lora=cfg.task == "causal_lm" and cfg.lora.enabled,
         compile_units=work.compile_units,
+        stage_modules=stage_modules,
     )
-    pipe = build_schedule(model, dims, device, cfg.pipeline, work.pipeline) if dims.pp > 1 else None
+    pipe = None
+    if dims.pp > 1:  # one stage: the (wrapped) model itself; interleaved: modules sharing it
+        stages = [model] if len(stage_modules) == 1 else stage_modules
+        pipe = build_schedule(stages, dims, device, cfg.pipeline, work.pipeline)
     # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
     seed_all(cfg.seed + dims.dp_rank)
 

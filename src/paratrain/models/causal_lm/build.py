@@ -57,6 +57,7 @@ def build_causal_lm(
     attn: str,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    layers: int | None = None,
 ) -> nn.Module:
     """Random init builds straight on `device` in `dtype` (an 8B model in fp32 on the host would be
     32 GB and minutes of single-threaded init); pretrained weights load on the host."""
@@ -66,9 +67,11 @@ def build_causal_lm(
         if path is not None:
             config = AutoConfig.from_pretrained(path)
             config._attn_implementation = attn
+            if layers:
+                config.num_hidden_layers = layers
             with building(dtype, device):
                 return AutoModelForCausalLM.from_config(config, dtype=dtype)
-        config = LlamaConfig(**SHAPES[shape], attn_implementation=attn)
+        config = LlamaConfig(**shape_of(shape, layers), attn_implementation=attn)
         with building(dtype, device):
             return LlamaForCausalLM(config)
     if not Path(path).is_dir():
@@ -79,6 +82,11 @@ def build_causal_lm(
         raise UserError(
             f"model.path: cannot load {path} ({str(e).splitlines()[0][:200]})"
         ) from None
+
+
+def shape_of(shape: str, layers: int | None = None) -> dict:
+    """A named shape's config fields, with its decoder layer count replaced when given."""
+    return {**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})}
 
 
 @contextlib.contextmanager

@@ -32,9 +32,10 @@ def base_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def check_parallel(config: Any, *, tp: int, pp: int) -> None:
+def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
     """Shape checks on a transformers config (or SHAPES entry): heads, widths and vocabulary must
-    split evenly over tp, layers over pp; one line naming the field, before anything launches."""
+    split evenly over tp, layers over the pp stages (pp x per_rank under an interleaved schedule);
+    one line naming the field, before anything launches."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     if tp > 1:
         for key in (
@@ -51,9 +52,15 @@ def check_parallel(config: Any, *, tp: int, pp: int) -> None:
                 )
     if pp > 1:
         layers = get("num_hidden_layers") or 0
-        if layers < pp:
+        stages = pp * per_rank
+        if layers < stages:
+            key, count = (
+                ("parallel.pp", str(pp))
+                if per_rank == 1
+                else ("pipeline.stages_per_rank", f"{pp} x {per_rank} = {stages}")
+            )
             raise UserError(
-                f"parallel.pp: {pp} pipeline stages but the model has only {layers} decoder layers"
+                f"{key}: {count} pipeline stages but the model has only {layers} decoder layers"
             )
         if get("tie_word_embeddings", False):
             raise UserError(
@@ -75,38 +82,23 @@ class CausalLMSpec:
 
     def make_stage(self, model, keep, stage, stages, **options):
         """This rank's decoder layers `keep` (the embedding on the first stage, norm and lm_head
-        on the last); forward(input ids or hidden states) -> hidden states, or logits on the
-        last stage. No attention mask crosses the stages: rows are right-padded, so causal
-        attention (sdpa's is_causal) never lets a real token see a pad, and pads carry no loss."""
-        base = base_model(model)
-        inner = base.model
+        on the last): the others become nn.Identity and `model`'s forward runs this stage."""
         first, last = stage == 0, stage == stages - 1
-        for i in range(len(inner.layers)):
-            if i not in keep:
-                inner.layers[i] = nn.Identity()
-        if not first:
-            inner.embed_tokens = nn.Identity()
-        if not last:
-            inner.norm = nn.Identity()
-            base.lm_head = nn.Identity()
-        layers = [inner.layers[i] for i in keep]
-        # With sequence parallelism each rank holds 1/tp of the sequence between layers.
-        shards = options.get("sequence_shards", 1)
-
-        def forward(self, x):
-            h = inner.embed_tokens(x) if first else x
-            length = x.shape[1] if first else h.shape[1] * shards
-            positions = torch.arange(length, device=h.device).unsqueeze(0)
-            rope = inner.rotary_emb(h, positions)
-            for layer in layers:
-                out = layer(
-                    h, attention_mask=None, position_ids=positions, position_embeddings=rope
-                )
-                h = out[0] if isinstance(out, tuple) else out  # older transformers: a tuple
-            return base.lm_head(inner.norm(h)) if last else h
-
-        model.forward = types.MethodType(forward, model)
+        _cut(model, set(keep), first, last)
+        run = _stage_forward(base_model(model), keep, first, last, options)
+        model.forward = types.MethodType(lambda self, x: run(x), model)
         return model
+
+    def make_stages(self, model, local, stages, **options):
+        """Several stages on this rank (an interleaved schedule): `local` is [(stage index,
+        its layers)]. `model` keeps the layers of all of them; each stage is a module of its
+        own that holds (shares) its layers, so the pipeline runs them apart while checkpoints
+        and the optimizer see `model` as one."""
+        indices = [s for s, _ in local]
+        first, last = 0 in indices, stages - 1 in indices
+        _cut(model, {i for _, keep in local for i in keep}, first, last)
+        base = base_model(model)
+        return [_StageModule(base, keep, s == 0, s == stages - 1, options) for s, keep in local]
 
     def split_units(self, model: nn.Module) -> list[nn.Module]:
         base = base_model(model)
@@ -215,6 +207,61 @@ class CausalLMSpec:
             return 6 * base + attention
         adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
         return 4 * base + attention + 6 * adapters
+
+
+def _cut(model: nn.Module, keep: set[int], first: bool, last: bool) -> None:
+    """Layers outside `keep` become nn.Identity; the embedding stays only with the first stage,
+    norm and lm_head with the last. Parameter names stay the whole model's."""
+    base = base_model(model)
+    inner = base.model
+    for i in range(len(inner.layers)):
+        if i not in keep:
+            inner.layers[i] = nn.Identity()
+    if not first:
+        inner.embed_tokens = nn.Identity()
+    if not last:
+        inner.norm = nn.Identity()
+        base.lm_head = nn.Identity()
+
+
+def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict):
+    """forward(input ids or hidden states) -> hidden states, or logits on the last stage. No
+    attention mask crosses the stages: rows are right-padded, so causal attention (sdpa's
+    is_causal) never lets a real token see a pad, and pads carry no loss."""
+    inner = base.model
+    layers = [inner.layers[i] for i in keep]
+    # With sequence parallelism each rank holds 1/tp of the sequence between layers.
+    shards = options.get("sequence_shards", 1)
+
+    def run(x):
+        h = inner.embed_tokens(x) if first else x
+        length = x.shape[1] if first else h.shape[1] * shards
+        positions = torch.arange(length, device=h.device).unsqueeze(0)
+        rope = inner.rotary_emb(h, positions)
+        for layer in layers:
+            out = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rope)
+            h = out[0] if isinstance(out, tuple) else out  # older transformers: a tuple
+        return base.lm_head(inner.norm(h)) if last else h
+
+    return run
+
+
+class _StageModule(nn.Module):
+    """One of several stages on a rank: its layers registered here too (PipelineStage and FSDP
+    take a module's parameters), run by the same forward as a single stage."""
+
+    def __init__(self, base: nn.Module, keep, first: bool, last: bool, options: dict):
+        super().__init__()
+        inner = base.model
+        self.layers = nn.ModuleList(inner.layers[i] for i in keep)
+        if first:
+            self.embed_tokens = inner.embed_tokens
+        if last:
+            self.norm, self.lm_head = inner.norm, base.lm_head
+        self._run = _stage_forward(base, keep, first, last, options)
+
+    def forward(self, x):
+        return self._run(x)
 
 
 def _colwise(path: str, module: nn.Module) -> dict[str, Any]:
