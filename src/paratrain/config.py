@@ -25,6 +25,7 @@ import yaml
 
 from paratrain.data.loader import DataConfig
 from paratrain.distributed.parallel_dims import ParallelConfig
+from paratrain.distributed.process_group import DistConfig
 from paratrain.errors import ConfigError
 from paratrain.launch import LaunchConfig
 from paratrain.models import ModelConfig
@@ -69,6 +70,7 @@ class RunConfig:
     split: SplitConfig = field(default_factory=SplitConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

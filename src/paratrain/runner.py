@@ -15,7 +15,7 @@ from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
 from paratrain.tasks import task_module
 from paratrain.trainer.loop import train
-from paratrain.trainer.setup import default_output_dir
+from paratrain.trainer.setup import checkpoint_dir, default_output_dir, refuse_other_run, restarted
 
 
 def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
@@ -45,6 +45,8 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
             f"launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got {world}"
         )
     task_module(cfg.task).preflight(cfg, cuda, dims)
+    if cfg.output_dir and not cfg.checkpoint.resume and not restarted():
+        refuse_other_run(checkpoint_dir(cfg, Path(cfg.output_dir)))
 
 
 def execute(cfg: RunConfig) -> int:

@@ -14,6 +14,25 @@ import torch.distributed as dist
 from paratrain.errors import UserError
 
 
+@dataclass(kw_only=True)
+class DistConfig:
+    """The process group's settings (dist.*)."""
+
+    timeout_s: float = 600.0
+    """How long a collective may wait for the slowest rank before the job fails (NCCL's watchdog
+    aborts it; gloo raises): a rank that died or hangs costs at most this long."""
+    watchdog_s: float = 60.0
+    """A rank whose step has not finished this many seconds after the others' (or after the
+    running median step time x 10, if longer) is named, with its phase, on rank 0's output;
+    0: no watchdog."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            raise ValueError(f"timeout_s: must be a finite number > 0, got {self.timeout_s}")
+        if not self.watchdog_s >= 0 or self.watchdog_s == float("inf"):
+            raise ValueError(f"watchdog_s: must be a finite number >= 0, got {self.watchdog_s}")
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int
@@ -45,8 +64,13 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return device
 
 
-def init_distributed(preference: str, multiprocess: bool) -> DistEnv:
-    """Join the process group that the launcher described in the environment."""
+def init_distributed(preference: str, multiprocess: bool, timeout_s: float = 600.0) -> DistEnv:
+    """Join the process group that the launcher described in the environment.
+
+    The store comes from torch's env:// rendezvous, under a prefix of its own per restart of
+    the job: torchrun's c10d rendezvous keeps one store across restarts, where a restarted
+    generation would otherwise read the killed one's addresses (gloo: 'connectFullMesh failed
+    ... Connection refused' to a dead port; NCCL: a stale unique id)."""
     if not multiprocess:
         return DistEnv(0, 0, 1, pick_device(preference, 0), None)
     rank = int(os.environ["RANK"])
@@ -56,7 +80,13 @@ def init_distributed(preference: str, multiprocess: bool) -> DistEnv:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=timedelta(minutes=10), **kwargs)
+        timeout = timedelta(seconds=timeout_s)
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"paratrain/attempt_{attempt}/", store)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
+        )
     return DistEnv(rank, local_rank, world, device, backend)
 
 

@@ -14,16 +14,17 @@ need not be rewritten every N steps.
 The folder is written under a temporary name and renamed once every rank has finished: a
 rename is atomic on POSIX, so a crash leaves the previous checkpoint or the new one, never half.
 `read_checkpoint` turns one into plain tensors in one process (tests, inspection, export).
+A manifest of checksums is its last file, and loading runs no code from it (integrity.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain.errors import UserError
+from paratrain.trainer import integrity
 
 
 @dataclass(kw_only=True)
@@ -47,9 +49,10 @@ class CheckpointConfig:
     dir: str | None = None
     """Where checkpoints go; default <output_dir>/checkpoints."""
     resume: str | None = None
-    """Checkpoint folder (step_<N>), or a folder whose newest checkpoint is taken, to continue
-    from; it may come from another layout (degrees, process count): the weights and optimizer
-    state are resharded on load."""
+    """Checkpoint folder (step_<N>), or a folder whose newest good checkpoint is taken, to
+    continue from; `auto`: this run's own newest good checkpoint, or a fresh start when it has
+    none (a restarted worker does this by itself). It may come from another layout (degrees,
+    process count): the weights and optimizer state are resharded on load."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:
@@ -85,10 +88,19 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if _NAME.search(p.name) and (p / _TRAIN_STATE).is_file())
 
 
-def resolve_resume(path: str) -> Path:
-    """A checkpoint folder, a checkpoints folder, or a run folder -> the checkpoint to load."""
+def resolve_resume(path: str | Path, own: Path | None = None) -> Path | None:
+    """A checkpoint folder, a checkpoints folder, a run folder, or `auto` (this run's own
+    checkpoint folder `own`) -> the checkpoint to load: the one named, or the newest good one
+    (each rank checks a share of the files against the manifest; one that fails is named and
+    the one before it tried). None: `auto` and no checkpoint yet. Collective."""
+    if str(path) == "auto":
+        found = list_checkpoints(own) if own is not None else []
+        return _newest_good(found, own) if found else None
     p = Path(path)
-    if (p / _TRAIN_STATE).is_file():
+    if (p / _TRAIN_STATE).is_file() or (p / integrity.MANIFEST).is_file():
+        bad = _problem(p)
+        if bad:
+            raise UserError(f"checkpoint.resume: {bad}")
         return p
     if p.is_file() and p.suffix == ".pt":
         raise UserError(
@@ -99,14 +111,44 @@ def resolve_resume(path: str) -> Path:
     for d in (p, p / "checkpoints"):
         found = list_checkpoints(d)
         if found:
-            return found[-1]
+            return _newest_good(found, d)
     raise UserError(f"checkpoint.resume: no checkpoint (step_*/ with {_TRAIN_STATE}) at {p}")
 
 
+def _problem(folder: Path) -> str | None:
+    """integrity.problem over all ranks, each hashing its share of the files."""
+    rank, world = _rank_world()
+    found = integrity.problem(folder, (rank, world))
+    problems = [found]
+    if dist.is_initialized():
+        problems = [None] * world
+        dist.all_gather_object(problems, found)
+    return next((x for x in problems if x), None)
+
+
+def _newest_good(found: list[Path], where: Path) -> Path:
+    skipped = []
+    for candidate in reversed(found):
+        bad = _problem(candidate)
+        if bad is None:
+            if skipped and _rank_world()[0] == 0:
+                for note in skipped:
+                    print(f"paratrain: checkpoint skipped: {note}", flush=True)
+            return candidate
+        skipped.append(bad)
+    raise UserError(
+        f"checkpoint.resume: no good checkpoint in {where} ({len(found)} found; newest: "
+        f"{skipped[0]})"
+    )
+
+
 def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's random streams as tensors and plain types (torch.load with
+    weights_only=True reads them back)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "python": random.getstate(),
     }
     if device.type == "cuda":
@@ -116,10 +158,22 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _load_plain(path: Path) -> Any:
+    """paratrain's own files of a checkpoint: tensors and plain types only."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(
+            f"checkpoint.resume: {path} holds objects beyond tensors and plain values, which "
+            f"loading would run; refused ({str(e).splitlines()[0][:120]})"
+        ) from None
 
 
 def _options(model: torch.nn.Module, **extra):
@@ -193,7 +247,14 @@ def save_checkpoint(
             tmp / _TRAIN_STATE,
         )
     _barrier()
+    # every rank hashes what it wrote; the manifest, written last, lists them all
+    mine = integrity.digests(integrity.own_files(tmp, rank))
+    listed = [mine]
+    if dist.is_initialized():
+        listed = [None] * world
+        dist.all_gather_object(listed, mine)
     if rank == 0:
+        integrity.write_manifest(tmp, state.step, {k: v for d in listed for k, v in d.items()})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if keep:
@@ -220,12 +281,24 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
+    unsafe = integrity.unsafe_metadata(path)
+    if unsafe:
+        raise UserError(f"checkpoint.resume: {unsafe}")
     frozen, options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    _check_keys(path, model_state, optim_state)
     wanted = {"model": model_state, "optimizer": optim_state}
+    planner, _ = integrity.safe_planners()
     try:
         with _single_process_quietly():
-            dcp.load(wanted, checkpoint_id=path, no_dist=not dist.is_initialized())
+            dcp.load(
+                wanted, checkpoint_id=path, planner=planner(), no_dist=not dist.is_initialized()
+            )
+    except integrity.UnsafeCheckpoint as e:
+        raise UserError(
+            f"checkpoint.resume: {path} holds a value that loading would run code for; refused "
+            f"({e})"
+        ) from None
     except Exception as e:  # DCP names the first tensor it could not find or read
         raise UserError(
             f"checkpoint.resume: {path} does not fit this model ({str(e).splitlines()[0][:200]})"
@@ -238,33 +311,63 @@ def load_checkpoint(
         optim_state_dict=wanted["optimizer"],
         options=options,
     )
-    train_state = torch.load(path / _TRAIN_STATE, map_location="cpu", weights_only=False)
+    train_state = _load_plain(path / _TRAIN_STATE)
     if scaler is not None and train_state["scaler"] is not None:
         scaler.load_state_dict(train_state["scaler"])
     rank, world = _rank_world()
     same_roles = train_state.get("layout", {}).get("degrees") == (layout or {}).get("degrees")
     if train_state["world_size"] == world and same_roles:
-        rng = torch.load(path / f"rng_rank{rank:05d}.pt", map_location="cpu", weights_only=False)
-        set_rng_state(rng, device)
+        set_rng_state(_load_plain(path / f"rng_rank{rank:05d}.pt"), device)
     writer = {"world_size": train_state["world_size"], **train_state.get("layout", {})}
     return LoopState(**train_state["loop"]), writer
+
+
+def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
+    """A checkpoint must hold this model's tensors, no fewer and no others, and the optimizer
+    state of each (hyper-parameters may differ between torch versions and are not compared)."""
+    held = integrity.checkpoint_keys(path)
+    want = {f"model.{k}" for k in model_state}
+    want_optim = {f"optimizer.{k}" for k in optim_state if k.startswith("state.")}
+    stored = {k for k in held if k.startswith("model.")}
+
+    def names(keys):
+        keys = sorted(k.split(".", 1)[1] for k in keys)
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    if want - stored:
+        raise UserError(
+            f"checkpoint.resume: {path} lacks {len(want - stored)} of this model's tensors "
+            f"({names(want - stored)})"
+        )
+    if stored - want:
+        raise UserError(
+            f"checkpoint.resume: {path} holds {len(stored - want)} tensors this model does not "
+            f"have ({names(stored - want)}); another model, or LoRA on / off?"
+        )
+    if want_optim - held:
+        raise UserError(
+            f"checkpoint.resume: {path} lacks optimizer state for this run "
+            f"({names(want_optim - held)}); written with another train.optimizer?"
+        )
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint as plain tensors in this process: {"model": {name: tensor}, "optimizer":
     {flattened name: value}, "loop", "scaler", "world_size", "layout", "rng": [per rank]}.
-    Built on DCP's own converter (torch.distributed.checkpoint.format_utils)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    DCP's own converter's way (format_utils), through the planner that runs no code."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     path = Path(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        whole = Path(tmp) / "whole.pt"
-        with _single_process_quietly():
-            dcp_to_torch_save(path, whole)
-        state = torch.load(whole, map_location="cpu", weights_only=False)
-    state.update(torch.load(path / _TRAIN_STATE, map_location="cpu", weights_only=False))
-    state["rng"] = [
-        torch.load(p, map_location="cpu", weights_only=False)
-        for p in sorted(path.glob("rng_rank*.pt"))
-    ]
+    unsafe = integrity.unsafe_metadata(path)
+    if unsafe:
+        raise UserError(unsafe)
+    _, empty_planner = integrity.safe_planners()
+    state: dict[str, Any] = {}  # filled in place, as format_utils.dcp_to_torch_save does
+    with _single_process_quietly():
+        _load_state_dict(
+            state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
+        )
+    state.update(_load_plain(path / _TRAIN_STATE))
+    state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank*.pt"))]
     return state

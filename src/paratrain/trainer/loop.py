@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from paratrain import metrics
+from paratrain import faults, metrics
 from paratrain.distributed import process_group as pg
 from paratrain.parallel import ONE_PROCESS
 from paratrain.profiling import StepProfiler
@@ -34,7 +34,7 @@ from paratrain.trainer.step import train_step
 
 def train(cfg) -> dict[str, Any]:
     deterministic_env(cfg)
-    env = pg.init_distributed(cfg.device, cfg.strategy not in ONE_PROCESS)
+    env = pg.init_distributed(cfg.device, cfg.strategy not in ONE_PROCESS, cfg.dist.timeout_s)
     try:
         with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
             run = setup(cfg, env)
@@ -102,6 +102,7 @@ def _loop(run: Run) -> dict[str, Any]:
                 run.sync_buffers()
                 run.save()
                 clock.resume()
+            faults.after_step(env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         clock.pause()
 
         epoch_steps = state.step - epoch_first_step

@@ -28,6 +28,7 @@ from paratrain.precision import build_policy, build_scaler
 from paratrain.tasks import Workload, task_module
 from paratrain.trainer.checkpoint import (
     LoopState,
+    list_checkpoints,
     load_checkpoint,
     resolve_resume,
     save_checkpoint,
@@ -119,8 +120,10 @@ class Run:
 def setup(cfg, env: pg.DistEnv) -> Run:
     device, tc = env.device, cfg.train
     out_dir = Path(pg.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
-    ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
-    if env.is_main:
+    ckpt_dir = checkpoint_dir(cfg, out_dir)
+    if not restarted() and not cfg.checkpoint.resume:
+        refuse_other_run(ckpt_dir)
+    if env.is_main and not restarted():  # a restarted generation keeps what the first wrote
         from paratrain.config import to_yaml
 
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,9 +227,34 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         step_context=lambda: step_context(dims, cfg.parallel),
         dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
     )
-    if cfg.checkpoint.resume:
-        resume(run, resolve_resume(cfg.checkpoint.resume))
+    # A restarted worker continues from its run's newest good checkpoint (before it has one,
+    # from where the first generation started).
+    start = resolve_resume("auto", ckpt_dir) if restarted() else None
+    if start is None and cfg.checkpoint.resume:
+        start = resolve_resume(cfg.checkpoint.resume, ckpt_dir)
+    if start is not None:
+        resume(run, start)
     return run
+
+
+def restarted() -> bool:
+    """This worker was started again by torchrun's agent after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def checkpoint_dir(cfg, out_dir: Path) -> Path:
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
+
+
+def refuse_other_run(ckpt_dir: Path) -> None:
+    """A fresh run must not start where another run's checkpoints are: it would mix with them
+    (and keep=N would delete its own newest first)."""
+    found = list_checkpoints(ckpt_dir)
+    if found:
+        raise UserError(
+            f"output_dir: {ckpt_dir} holds another run's checkpoints (newest {found[-1].name}); "
+            "continue it with checkpoint.resume=auto, or give this run a new output_dir"
+        )
 
 
 def resume(run: Run, path: Path) -> None:

@@ -1,0 +1,162 @@
+"""Checkpoints that can be trusted: a manifest of checksums written last, and loading that runs
+no code from the files.
+
+manifest.json lists every file of a checkpoint folder with its size and SHA-256. Each rank
+hashes the files it wrote, rank 0 writes the manifest once all of them have, and only then is
+the folder renamed into place: a folder without a manifest was never finished, and one whose
+files do not match it was damaged after it was written (a truncated copy, a bad disk). Either
+is named, and `checkpoint.resume=auto` falls back to the previous good one.
+
+DCP's own loading unpickles its `.metadata` file and reads non-tensor values (optimizer
+hyper-parameters) with torch.load(weights_only=False): a checkpoint from someone else could run
+anything on every rank. Here `.metadata` is first read by an unpickler that builds only DCP's
+metadata classes, and every non-tensor value passes torch.load(weights_only=True) before DCP
+sees it; paratrain's own files (train_state.pt, rng_rank*.pt) hold tensors and plain types and
+load with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+from pathlib import Path
+
+import torch
+
+MANIFEST = "manifest.json"
+_FORMAT = 1
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def own_files(folder: Path, rank: int) -> list[Path]:
+    """The files of a checkpoint folder that `rank` wrote: its DCP shards and random state;
+    rank 0 also DCP's .metadata and train_state.pt."""
+    mine = sorted(folder.glob(f"__{rank}_*.distcp")) + sorted(folder.glob(f"rng_rank{rank:05d}.pt"))
+    if rank == 0:
+        mine += [p for p in (folder / ".metadata", folder / "train_state.pt") if p.is_file()]
+    return mine
+
+
+def digests(files: list[Path]) -> dict[str, dict]:
+    return {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+
+
+def write_manifest(folder: Path, step: int, files: dict[str, dict]) -> None:
+    """Rank 0, after every rank's digests are in: the last file of the folder."""
+    body = {"format": _FORMAT, "step": step, "files": dict(sorted(files.items()))}
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(body, indent=1))
+    tmp.replace(folder / MANIFEST)
+
+
+def problem(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
+    """What is wrong with a checkpoint folder, or None. share=(i, n): check only every n-th
+    listed file from the i-th (ranks split the hashing of a large checkpoint)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return f"{folder.name} has no {MANIFEST} (never finished, or written before checksums)"
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{folder.name}/{MANIFEST} is not a paratrain manifest"
+    i, n = share
+    for k, (name, want) in enumerate(sorted(listed.items())):
+        path = folder / name
+        if k % n != i:
+            continue
+        if not path.is_file():
+            return f"{folder.name}/{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return (
+                f"{folder.name}/{name} has {path.stat().st_size} bytes, the manifest says "
+                f"{want['bytes']}"
+            )
+        if _sha256(path) != want["sha256"]:
+            return f"{folder.name}/{name} does not match its checksum"
+    return unsafe_metadata(folder) if i == 0 else None
+
+
+# ---------------------------------------------------------------------------- no code on load
+
+# What DCP's .metadata pickles (torch 2.11 - 2.14): its dataclasses, sizes, dtypes, paths.
+_ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (
+            module.startswith(_ALLOWED_MODULES)
+            or (module, name) in _ALLOWED
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def unsafe_metadata(folder: Path) -> str | None:
+    """None when DCP's .metadata builds nothing but checkpoint metadata."""
+    meta = folder / ".metadata"
+    if not meta.is_file():
+        return f"{folder.name} has no .metadata (not a torch.distributed.checkpoint folder)"
+    try:
+        with open(meta, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        return f"{folder.name}/.metadata asks to build {e}, which loading would run; refused"
+    except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
+        return f"{folder.name}/.metadata is unreadable ({type(e).__name__})"
+    return None
+
+
+def checked_bytes(value: io.BytesIO) -> io.BytesIO:
+    """A DCP non-tensor value, refused unless torch.load(weights_only=True) reads it."""
+    try:
+        torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpoint(str(e).splitlines()[0][:200]) from None
+    value.seek(0)
+    return value
+
+
+class UnsafeCheckpoint(Exception):
+    pass
+
+
+def safe_planners():
+    """DCP load planners whose non-tensor values pass checked_bytes first: (into a state dict,
+    into an empty one as format_utils' converter uses)."""
+    from torch.distributed.checkpoint.default_planner import (
+        DefaultLoadPlanner,
+        _EmptyStateDictLoadPlanner,
+    )
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            super().load_bytes(read_item, checked_bytes(value))
+
+    class SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item, value):
+            super().load_bytes(read_item, checked_bytes(value))
+
+    return SafeLoadPlanner, SafeEmptyPlanner
+
+
+def checkpoint_keys(folder: Path) -> set[str]:
+    """The tensor and value names a checkpoint holds (after unsafe_metadata passed)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
