@@ -11,8 +11,10 @@ is accepted, which the CLI prints without a traceback and exits with code 2.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import inspect
+import math
 import os
 import textwrap
 import types
@@ -331,14 +333,17 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return int(value)
         raise ConfigError(f"{name}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # nan / inf would pass every "> 0" check after this
+            raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

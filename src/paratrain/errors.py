@@ -7,8 +7,14 @@ tracebacks.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+# Set by the launching command for its workers: where a worker that finds a user mistake
+# leaves its line, so the command prints it once for the whole job.
+ERROR_DIR = "PARATRAIN_ERROR_DIR"
 
 
 class UserError(ValueError):
@@ -16,13 +22,31 @@ class UserError(ValueError):
 
 
 def exit_code(fn: Callable[[], object]) -> int:
-    """Run fn; a UserError becomes its one line on stderr and exit code 2 (torchrun workers)."""
+    """Run fn in a torchrun worker; a UserError becomes exit code 2 and its one line: left in
+    $PARATRAIN_ERROR_DIR for the launching paratrain to print once, else printed here. A
+    worker that fails because another rank stopped on a user mistake (its collective lost a
+    peer) exits 1 without a traceback: the mistake is the news, not the broken connection."""
+    where = os.environ.get(ERROR_DIR)
     try:
         fn()
     except UserError as e:
-        print(f"paratrain: error: {e}", file=sys.stderr)
+        if where:
+            rank = int(os.environ.get("RANK", "0"))
+            (Path(where) / f"rank_{rank:05d}.txt").write_text(str(e))
+        else:
+            print(f"paratrain: error: {e}", file=sys.stderr)
         return 2
+    except Exception:
+        if where and any(Path(where).glob("rank_*.txt")):
+            return 1
+        raise
     return 0
+
+
+def first_worker_error(where: str | Path) -> str | None:
+    """The line the lowest rank that found a user mistake left, if any."""
+    found = sorted(Path(where).glob("rank_*.txt"))
+    return found[0].read_text() if found else None
 
 
 class ConfigError(UserError):

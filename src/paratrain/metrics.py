@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import resource
@@ -103,10 +104,27 @@ def hardware(device: torch.device, world_size: int) -> dict[str, Any]:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Strict JSON (what every parser reads): a NaN or infinite number becomes null, and the
+    dotted names of those values are listed under "nonfinite"."""
+    bad: list[str] = []
+    clean = _finite(payload, "", bad)
+    if bad:
+        clean["nonfinite"] = bad
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n")
     os.replace(tmp, path)
+
+
+def _finite(value: Any, name: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(name)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{name}.{k}" if name else str(k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{name}[{i}]", bad) for i, v in enumerate(value)]
+    return value
 
 
 class Progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from paratrain import launch
 from paratrain.config import RunConfig, to_yaml
 from paratrain.distributed.parallel_dims import ParallelDims
-from paratrain.errors import UserError
+from paratrain.errors import ERROR_DIR, UserError, first_worker_error
 from paratrain.tasks import task_module
 from paratrain.trainer.loop import train
 from paratrain.trainer.setup import checkpoint_dir, default_output_dir, refuse_other_run, restarted
@@ -45,9 +46,24 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
             f"launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got {world}"
         )
     task_module(cfg.task).preflight(cfg, cuda, dims)
+    if cfg.output_dir:
+        writable_folder(cfg.output_dir, "output_dir")
+    if cfg.checkpoint.dir:
+        writable_folder(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.output_dir and not cfg.checkpoint.resume and not restarted():
         refuse_other_run(checkpoint_dir(cfg, Path(cfg.output_dir)))
 
+
+def writable_folder(path: str, key: str) -> None:
+    """A folder the run may create and write into: not a file, under a writable folder."""
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{key}: {path} is a file; give a folder")
+    ancestor = next(a for a in (p, *p.parents) if a.exists())
+    if not ancestor.is_dir():
+        raise UserError(f"{key}: {path} lies under the file {ancestor}; give a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{key}: cannot write into {ancestor}")
 
 def execute(cfg: RunConfig) -> int:
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
@@ -78,12 +94,20 @@ def execute(cfg: RunConfig) -> int:
     config_path.write_text(to_yaml(cfg))
     argv = launch.torchrun_argv(cfg.launch, nproc, config_path)
     print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
-    try:
-        launch.run_torchrun(argv)
-    except Exception as e:  # torchrun's ChildFailedError: the workers printed their own errors
-        name = type(e).__name__
-        print(
-            f"paratrain: training failed ({name}); the workers' errors are above", file=sys.stderr
-        )
-        return 1
+    with tempfile.TemporaryDirectory(prefix="paratrain-errors-") as errors:
+        os.environ[ERROR_DIR] = errors  # the workers inherit it
+        try:
+            launch.run_torchrun(argv)
+        except Exception as e:  # torchrun's ChildFailedError
+            mistake = first_worker_error(errors)
+            if mistake:  # a worker found a user mistake: one line, once, for the whole job
+                raise UserError(mistake) from None
+            name = type(e).__name__
+            print(
+                f"paratrain: training failed ({name}); the workers' errors are above",
+                file=sys.stderr,
+            )
+            return 1
+        finally:
+            os.environ.pop(ERROR_DIR, None)
     return 0

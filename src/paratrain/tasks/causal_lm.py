@@ -116,7 +116,7 @@ def preflight(cfg, cuda: bool, dims) -> None:
                 )
 
 
-def _examples(cfg, tokenizer, vocab: int):
+def _examples(cfg, tokenizer, vocab: int, is_main: bool = True):
     d = cfg.data
     if d.source == "synthetic-text":
         return lmdata.synthetic_examples(
@@ -125,7 +125,7 @@ def _examples(cfg, tokenizer, vocab: int):
     records = lmdata.read_records(d.path, d.split)
     if d.limit_samples is not None:
         records = records[: d.limit_samples]
-    return lmdata.tokenize(
+    examples = lmdata.tokenize(
         records,
         d.source,
         tokenizer,
@@ -133,6 +133,22 @@ def _examples(cfg, tokenizer, vocab: int):
         truncation=d.truncation,
         where=f"data.path {d.path}",
     )
+    # Truncation can cut an example's whole response (its only trained tokens): such a row
+    # trains nothing, and a batch of them has a loss of 0/0. Left out, and counted.
+    kept = [e for e in examples if any(label != lmdata.IGNORE for label in e[1])]
+    if not kept:
+        raise UserError(
+            f"data.max_length: after truncation to {d.max_length} tokens no example of "
+            f"{d.path} keeps a trained token (the responses come after the prompt); raise "
+            "data.max_length"
+        )
+    if len(kept) < len(examples) and is_main:
+        print(
+            f"paratrain: {len(examples) - len(kept)} of {len(examples)} examples left out: "
+            f"truncation to data.max_length={d.max_length} cut their whole response",
+            flush=True,
+        )
+    return kept
 
 
 def trained_tokens(labels: torch.Tensor) -> torch.Tensor:
@@ -174,7 +190,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
 
-    examples = _examples(cfg, tokenizer, model.config.vocab_size)
+    examples = _examples(cfg, tokenizer, model.config.vocab_size, env.is_main)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
     val_ex, train_ex = examples[:n_val], examples[n_val:]
     if d.packing and m.fp8 != "none" and d.max_length % 16:

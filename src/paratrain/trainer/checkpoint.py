@@ -26,7 +26,7 @@ import random
 import re
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,8 @@ class LoopState:
     samples_in_epoch: int = 0
     """Samples of this epoch's order already trained on (over all data-parallel ranks): a run
     resumed with another data-parallel size skips the same samples."""
+    bad_steps: list = field(default_factory=list)
+    """Steps skipped for a non-finite loss or gradient (train.max_bad_steps)."""
 
 
 _NAME = re.compile(r"step_(\d+)$")

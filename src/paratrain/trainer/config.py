@@ -61,6 +61,11 @@ class TrainConfig:
     folder, the top operators in result.json. Throughput is measured after them."""
     eval: bool = True
     """Measure held-out accuracy at the end of every epoch."""
+    max_bad_steps: int = 3
+    """A step whose loss or gradients hold NaN or inf is skipped (no update; the scaler's own
+    skips under fp16 are not counted) and counted; after this many the run stops with one line
+    naming the steps and the last checkpoint. -1: no check (saves one all-reduce of a flag and
+    one host sync per step)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -73,6 +78,8 @@ class TrainConfig:
             raise ValueError(f"grad_accum_steps: must be >= 1, got {self.grad_accum_steps}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.max_bad_steps < -1:
+            raise ValueError(f"max_bad_steps: must be >= -1, got {self.max_bad_steps}")
         if self.gc_every_steps < 0:
             raise ValueError(f"gc_every_steps: must be >= 0, got {self.gc_every_steps}")
         if self.profile_steps < 0:

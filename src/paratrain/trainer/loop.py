@@ -80,9 +80,11 @@ def _loop(run: Run) -> dict[str, Any]:
                 gpu.start()
             set_lr(run.optimizer, lr_at(state.step, run.total_steps, tc))
 
-            loss, tokens = train_step(run, batches)  # forward, backward, optimizer step
+            loss, tokens, good = train_step(run, batches)  # forward, backward, optimizer step
 
-            if loss is not None:
+            if not good:
+                skipped_bad_step(run)
+            elif loss is not None:
                 loss_sum += loss
             if tokens is not None:
                 meter.tokens += tokens
@@ -106,6 +108,7 @@ def _loop(run: Run) -> dict[str, Any]:
         clock.pause()
 
         epoch_steps = state.step - epoch_first_step
+        good_steps = epoch_steps - sum(epoch_first_step < b <= state.step for b in state.bad_steps)
         train_s = clock.elapsed() - epoch_clock
         (loss_total,) = pg.all_reduce_sum([loss_sum.item()], device)
         record = {
@@ -114,7 +117,7 @@ def _loop(run: Run) -> dict[str, Any]:
             "train_s": train_s,
             # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
             # stages only the last has it
-            "train_loss": loss_total / (env.world_size // run.dims.pp) / max(epoch_steps, 1),
+            "train_loss": loss_total / (env.world_size // run.dims.pp) / max(good_steps, 1),
             "unique_samples_per_s": run.unique_per_step * epoch_steps / max(train_s, 1e-9),
         }
         if state.step_in_epoch >= run.steps_per_epoch:
@@ -160,3 +163,28 @@ def _loop(run: Run) -> dict[str, Any]:
         results.print_summary(result)
     pg.barrier()
     return result
+
+
+def skipped_bad_step(run: Run) -> None:
+    """A step with a non-finite loss or gradient was not applied (every rank skipped it):
+    count it, say so, and stop once train.max_bad_steps is passed."""
+    from paratrain.errors import UserError
+    from paratrain.trainer.checkpoint import list_checkpoints
+
+    state = run.state
+    step = state.step + 1  # the step being finished (1-based, as printed)
+    state.bad_steps.append(step)
+    limit = run.cfg.train.max_bad_steps
+    if run.env.is_main:
+        print(
+            f"paratrain: step {step}: non-finite loss or gradient; skipped "
+            f"({len(state.bad_steps)} of at most {limit})",
+            flush=True,
+        )
+    if len(state.bad_steps) > limit:
+        good = list_checkpoints(run.ckpt_dir)
+        raise UserError(
+            f"train: {len(state.bad_steps)} steps had a non-finite loss or gradient (steps "
+            f"{', '.join(map(str, state.bad_steps[-5:]))}); stopped. Last checkpoint: "
+            f"{good[-1] if good else 'none'}. Lower train.lr, or raise train.max_bad_steps"
+        )

@@ -66,6 +66,7 @@ def build(
         "train_s": train_s,
         "optimizer_steps": state.step,
         "steps_this_run": state.step - start_step,
+        "skipped_steps": list(state.bad_steps),  # non-finite loss or gradient: not applied
         "measured_steps": measured_steps,
         "warmup_excluded": warmup_excluded,
         "step_time_s": measured_s / max(measured_steps, 1),

@@ -67,6 +67,8 @@ class Run:
     wrapper: str | None
     split: dict | None
     step_context: Callable[[], contextlib.AbstractContextManager]
+    params: list
+    """The trainable parameters (the optimizer's)."""
     dtensor_params: list
     """Trainable DTensor weights under tensor parallelism (their gradients are summed over the
     tp ranks before each optimizer step), else empty."""
@@ -225,6 +227,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         wrapper=wrapper,
         split=split,
         step_context=lambda: step_context(dims, cfg.parallel),
+        params=params,
         dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
     )
     # A restarted worker continues from its run's newest good checkpoint (before it has one,

@@ -7,14 +7,17 @@ their gradients to their neighbours."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
+from paratrain import faults
 from paratrain.parallel.apply import gradient_sync
 from paratrain.parallel.tp import replicate_partial_grads, whole_tensor
 
 
-def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
     """-> (this step's loss on this rank, or None on a pipeline stage without the loss;
-    tokens it trained on, or None for images)."""
+    tokens it trained on, or None for images; whether the step was applied: False when its
+    loss or gradients were not finite on some rank, and every rank skipped the update)."""
     k, work, scaler = run.k, run.work, run.scaler
     loss_sum, tokens = None, None
     with run.step_context():  # loss_parallel under TP: forward and backward inside it
@@ -41,10 +44,37 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None]:
                 if n_tokens is not None:
                     tokens = n_tokens if tokens is None else tokens + n_tokens
     replicate_partial_grads(run.dtensor_params)  # tensor parallel: summed norms' gradients
+    if faults.poison_gradients(run.env.rank, run.state.step + 1):
+        for p in run.params:
+            if p.grad is not None:
+                p.grad.fill_(float("nan"))
+    if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_sum):
+        run.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, tokens, False
     if scaler is not None:
         scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
         scaler.update()  # ... and then the scale backs off
     else:
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum, tokens
+    return loss_sum, tokens, True
+
+
+def finite_everywhere(run, loss: torch.Tensor | None) -> bool:
+    """Whether this step's loss and gradients are finite on every rank: one flag, all-reduced
+    (MIN), so all ranks skip together. Under fp16 the scaled gradients may overflow by design
+    (GradScaler skips those steps and lowers its scale), so only the loss is checked there."""
+    device = run.env.device
+    ok = torch.ones((), device=device)
+    if loss is not None:
+        ok = ok * torch.isfinite(loss).all()
+    if run.scaler is None:
+        grads = [p.grad for p in run.params if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards
+        # per-tensor norms in a few fused kernels: NaN or inf anywhere makes its norm so
+        if grads:
+            norms = torch._foreach_norm(grads)
+            ok = ok * torch.isfinite(torch.stack([n.to(device) for n in norms])).all()
+    if dist.is_initialized():
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
