@@ -6,6 +6,8 @@ step, on a given rank. Nothing fires unless the variable is set.
                                                     only, so a restarted run gets past it)
     PARATRAIN_FAULTS="nan:step=2"                  step 2's gradients become NaN on every rank
     PARATRAIN_FAULTS="stall:rank=1:step=2:s=20"    rank 1 sleeps 20 s after step 2
+    PARATRAIN_FAULTS="sigstop:rank=1:step=2:s=20"  rank 1 is stopped (SIGSTOP, all its threads)
+                                                    for 20 s after step 2, then continued
 Several faults: separated by commas.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -58,6 +61,10 @@ def after_step(rank: int, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "stall":
             time.sleep(fault.seconds)
+        if fault.kind == "sigstop":  # someone else must send SIGCONT: a shell started now
+            pid = os.getpid()
+            subprocess.Popen(["sh", "-c", f"sleep {fault.seconds}; kill -CONT {pid}"])
+            os.kill(pid, signal.SIGSTOP)
 
 
 def poison_gradients(rank: int, step: int) -> bool:

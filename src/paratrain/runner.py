@@ -65,6 +65,7 @@ def writable_folder(path: str, key: str) -> None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UserError(f"{key}: cannot write into {ancestor}")
 
+
 def execute(cfg: RunConfig) -> int:
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
     if slurm:

@@ -30,6 +30,7 @@ from paratrain.trainer.measure import (
 )
 from paratrain.trainer.setup import Run, deterministic_env, setup
 from paratrain.trainer.step import train_step
+from paratrain.trainer.watchdog import StallMeter, Watchdog
 
 
 def train(cfg) -> dict[str, Any]:
@@ -38,12 +39,16 @@ def train(cfg) -> dict[str, Any]:
     try:
         with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
             run = setup(cfg, env)
-            return _loop(run)
+            watchdog = Watchdog(env.rank, env.world_size, cfg.dist.watchdog_s)
+            try:
+                return _loop(run, watchdog)
+            finally:
+                watchdog.stop()
     finally:
         pg.shutdown()
 
 
-def _loop(run: Run) -> dict[str, Any]:
+def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     cfg, env, state, tc = run.cfg, run.env, run.state, run.cfg.train
     device, work = env.device, run.work
     label = f"{results.strategy_label(run)} x{env.world_size} {cfg.precision}" + (
@@ -60,6 +65,7 @@ def _loop(run: Run) -> dict[str, Any]:
     epochs: list[dict[str, Any]] = []
     run_start = time.perf_counter()
     has_loss = run.pipe is None or run.pipe.last  # a pipeline's loss lives on its last stage
+    stalls = StallMeter(cfg.dist.watchdog_s)  # steps far slower than usual, out of throughput
 
     # ================================================================ the loop
     gc_pause(tc.gc_every_steps)
@@ -79,6 +85,8 @@ def _loop(run: Run) -> dict[str, Any]:
                 meter.mark(state.step, clock)  # throughput counts from here
                 gpu.start()
             set_lr(run.optimizer, lr_at(state.step, run.total_steps, tc))
+            step_start = time.perf_counter()
+            watchdog.beat(state.step + 1, "step")
 
             loss, tokens, good = train_step(run, batches)  # forward, backward, optimizer step
 
@@ -99,12 +107,18 @@ def _loop(run: Run) -> dict[str, Any]:
             else:
                 progress.update(state.step)
             every = cfg.checkpoint.every_steps
+            saving = time.perf_counter()
             if every and state.step % every == 0 and state.step < run.total_steps:
                 clock.pause()
+                watchdog.beat(state.step, "checkpoint")
                 run.sync_buffers()
                 run.save()
                 clock.resume()
+            saving = time.perf_counter() - saving  # already outside the training clock
+            watchdog.beat(state.step, "between steps")
             faults.after_step(env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
+            # the loss check's sync makes this the step's real time (also on a GPU)
+            clock.exclude(stalls.step(state.step, time.perf_counter() - step_start - saving))
         clock.pause()
 
         epoch_steps = state.step - epoch_first_step
@@ -124,6 +138,7 @@ def _loop(run: Run) -> dict[str, Any]:
             state.epoch += 1
             state.step_in_epoch = 0
         if work.val is not None and tc.eval:
+            watchdog.beat(state.step, "evaluation")
             run.sync_buffers()
             with run.step_context():
                 if run.pipe is not None:
@@ -157,6 +172,7 @@ def _loop(run: Run) -> dict[str, Any]:
         telemetry=telemetry,
         profile=profiler.summary,
         artifacts=artifacts,
+        stalls={"slow_steps": stalls.stalls, "stragglers": watchdog.incidents},
     )
     if env.is_main:
         metrics.write_json(run.out_dir / "result.json", result)

@@ -30,6 +30,10 @@ class TrainClock:
             self.total += metrics.now(self.device) - self.started
             self.started = None
 
+    def exclude(self, seconds: float) -> None:
+        """Take a stall's excess out of the training time (reported apart, not as slowness)."""
+        self.total -= seconds
+
     def elapsed(self) -> float:
         running = metrics.now(self.device) - self.started if self.started is not None else 0.0
         return self.total + running

@@ -51,6 +51,7 @@ def build(
     telemetry: list,
     profile,
     artifacts: dict,
+    stalls: dict | None = None,
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
     device = env.device
@@ -67,6 +68,10 @@ def build(
         "optimizer_steps": state.step,
         "steps_this_run": state.step - start_step,
         "skipped_steps": list(state.bad_steps),  # non-finite loss or gradient: not applied
+        # steps far slower than usual (their excess is out of train_s and throughput) and the
+        # ranks the watchdog found behind
+        "stall_s": sum(x["excess_s"] for x in (stalls or {}).get("slow_steps", [])),
+        "stalls": stalls,
         "measured_steps": measured_steps,
         "warmup_excluded": warmup_excluded,
         "step_time_s": measured_s / max(measured_steps, 1),

@@ -1,0 +1,133 @@
+"""Hang and straggler detection: every rank's heartbeat in the job's store, read by rank 0.
+
+A rank's loop says where it is (the step it started, the phase: the step itself, a checkpoint,
+evaluation, between steps); a thread of its own writes that to the c10d store every second,
+with the time. Rank 0's thread reads them all. A rank whose heartbeat stops (the process was
+stopped, or hangs outside Python holding the interpreter) or that has been behind the others
+for more than dist.watchdog_s is named once, with its phase, while the others wait for it in
+their next collective; dist.timeout_s later the collective gives up and the job fails (or the
+agent restarts it). Slow steps are also timed by the loop itself (`StallMeter`), reported in
+result.json and left out of throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+class Watchdog:
+    def __init__(self, rank: int, world: int, limit_s: float, interval_s: float = 1.0):
+        self.rank, self.world, self.limit = rank, world, limit_s
+        self.started, self.phase, self.since = 0, "between steps", time.time()
+        self.reported: set[tuple] = set()
+        self.silent_at: dict[int, float] = {}  # when a rank was last reported silent
+        self.incidents: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = None
+        if limit_s <= 0 or world < 2 or not dist.is_initialized():
+            return
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # a client connection of its own: the main thread's collectives use theirs meanwhile
+        client = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=30),
+        )
+        self.store = dist.PrefixStore(f"paratrain/attempt_{attempt}/heartbeat/", client)
+        self.interval = interval_s
+        self._send()  # the first one now: a rank may stop before the thread's first turn
+        self._thread = threading.Thread(target=self._run, name="paratrain-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self, started: int, phase: str) -> None:
+        """The loop's position: the step it started (1-based) and what it does now."""
+        self.started, self.phase, self.since = started, phase, time.time()
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return self.incidents
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._send()
+                if self.rank == 0:
+                    self._look()
+            except Exception:  # noqa: BLE001 - the store went away: the job is ending
+                return
+
+    def _send(self) -> None:
+        body = [self.started, self.phase, self.since, time.time()]
+        self.store.set(str(self.rank), json.dumps(body))
+
+    def _look(self) -> None:
+        now = time.time()
+        keys = [str(r) for r in range(self.world)]
+        if not self.store.check(keys):
+            return
+        beats = {r: json.loads(self.store.get(str(r))) for r in range(self.world)}
+        where = {r: (b[0], _ORDER[b[1]]) for r, b in beats.items()}
+        for r, (started, phase, since, sent) in beats.items():
+            ahead = sorted(q for q in beats if where[q] > where[r])
+            if now - sent > self.limit:
+                key, seconds = (r, started, "silent"), now - sent
+                self.silent_at[r] = now
+                line = (
+                    f"rank {r} has sent no heartbeat for {seconds:.0f} s (last: {phase}, step "
+                    f"{started}): stopped, or stuck outside Python; the others wait for it"
+                )
+            elif ahead and now - since > self.limit and since > self.silent_at.get(r, 0):
+                # (a rank reported silent that wakes up mid-step is the same incident)
+                key, seconds = (r, started, phase), now - since
+                line = (
+                    f"rank {r} is behind: {seconds:.0f} s in {phase} (step {started}) while "
+                    f"rank{'s' if len(ahead) > 1 else ''} {', '.join(map(str, ahead))} "
+                    f"wait{'' if len(ahead) > 1 else 's'}"
+                )
+            else:
+                continue
+            if key not in self.reported:
+                self.reported.add(key)
+                self.incidents.append(
+                    {"rank": r, "step": started, "phase": phase, "seconds": round(seconds, 1)}
+                )
+                print(f"paratrain: watchdog: {line}", file=sys.stderr, flush=True)
+
+
+# Where in a step a phase lies: the step's work, then a checkpoint or evaluation, then the gap
+# before the next step starts.
+_ORDER = {"step": 0, "checkpoint": 1, "evaluation": 1, "between steps": 2}
+
+
+class StallMeter:
+    """Steps far slower than the run's usual: more than max(floor_s, 10 x the median of the
+    steps so far). Their time beyond the median is taken out of the training clock and
+    reported instead of being averaged into throughput."""
+
+    def __init__(self, floor_s: float):
+        self.floor = floor_s
+        self.times: list[float] = []
+        self.stalls: list[dict] = []
+
+    def step(self, step: int, seconds: float) -> float:
+        """-> seconds to take out of the clock (0 for a usual step)."""
+        usual = statistics.median(self.times) if len(self.times) >= 3 else None
+        self.times.append(seconds)
+        if usual is None or self.floor <= 0 or seconds <= max(self.floor, 10 * usual):
+            return 0.0
+        excess = seconds - usual
+        self.stalls.append(
+            {"step": step, "seconds": round(seconds, 3), "excess_s": round(excess, 3)}
+        )
+        return excess

@@ -1,0 +1,65 @@
+"""Restarts on 2 CPU processes (gloo): a worker killed with SIGKILL after step 3 under
+launch.max_restarts=1 is restarted by torchrun's agent with its peer; both resume from the
+newest checkpoint (step 2) and end bit-identical to an uninterrupted run. A user mistake found
+in the workers ends the job once, with exit 2."""
+
+import pytest
+from conftest import final_weights, read_result, run_cli
+
+pytestmark = pytest.mark.dist
+
+LM = [
+    "data.source=synthetic-text",
+    "model.init=random",
+    "model.shape=tiny",
+    "device=cpu",
+    "data.num_workers=0",
+    "data.max_length=32",
+    "data.batch_size=4",
+    "train.warmup_steps=1",
+    "log.progress=false",
+    "lora.enabled=false",
+    "strategy=ddp-ds",
+    "train.deterministic=true",
+    "checkpoint.every_steps=2",
+    "train.max_steps=6",
+]
+
+
+def args(out, *settings):
+    sets = [a for s in [*LM, *settings] for a in ("--set", s)]
+    return ["run", *sets, "--nproc", 2, "--output-dir", out]
+
+
+def test_a_killed_rank_is_restarted_and_resumes_bit_identical(tmp_path):
+    run_cli(args(tmp_path / "straight"))
+    p = run_cli(
+        args(tmp_path / "killed", "launch.max_restarts=1"),
+        env={"PARATRAIN_FAULTS": "kill:rank=1:step=3"},
+    )
+    assert "resumed from" in p.stdout and "step_00000002 at step 2" in p.stdout
+    assert read_result(tmp_path / "killed")["summary"]["steps_this_run"] == 4
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_mistake_found_in_the_workers_is_one_line_once(tmp_path):
+    p = run_cli(args(tmp_path / "boom", "train.lr=1e10"), check=False)
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = [x for x in p.stderr.splitlines() if x.startswith("paratrain: error:")]
+    assert len(lines) == 1 and "non-finite loss or gradient" in lines[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(tmp_path):
+    """Rank 1 gets SIGSTOP (every thread of it stops, heartbeat too) for 6 s after step 3."""
+    p = run_cli(
+        args(tmp_path / "stopped", "dist.watchdog_s=2", "checkpoint.every_steps=0"),
+        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=3:s=6"},
+    )
+    assert "watchdog: rank 1 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
+    s = read_result(tmp_path / "stopped")["summary"]
+    (slow,) = s["stalls"]["slow_steps"]
+    assert slow["step"] == 4 and slow["excess_s"] > 4  # rank 0 waited in step 4
+    assert s["stall_s"] == slow["excess_s"] and s["train_s"] < slow["seconds"]
+    assert s["stalls"]["stragglers"][0]["rank"] == 1
