@@ -53,7 +53,9 @@ def _mine(fault: Fault, rank: int, step: int) -> bool:
 
 def after_step(rank: int, step: int) -> None:
     """Called by the loop once optimizer step `step` (1-based) is done."""
-    first_generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    from paratrain.distributed.process_group import generation
+
+    first_generation = generation() == 0
     for fault in _FAULTS:
         if not _mine(fault, rank, step):
             continue

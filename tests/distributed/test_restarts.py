@@ -63,3 +63,37 @@ def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(tmp_path):
     assert slow["step"] == 4 and slow["excess_s"] > 4  # rank 0 waited in step 4
     assert s["stall_s"] == slow["excess_s"] and s["train_s"] < slow["seconds"]
     assert s["stalls"]["stragglers"][0]["rank"] == 1
+
+
+def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
+    """Two torchrun agents on this machine as two nodes (c10d rendezvous, one worker each):
+    a worker killed after step 3 brings both nodes' workers back (the other node's agent
+    restarts them for the membership change, keeping its own restart count); they resume from
+    step 2 and end equal to a 2-process single-node run."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_cli(args(tmp_path / "one-node"))
+    out = tmp_path / "two-nodes"
+    cmd = [sys.executable, "-m", "paratrain", *map(str, args(out, "launch.max_restarts=1"))]
+    cmd[cmd.index("--nproc") + 1] = "1"
+    env = {**__import__("os").environ, "PARATRAIN_FAULTS": "kill:rank=1:step=3"}
+    nodes = [
+        subprocess.Popen(
+            [*cmd, "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    logs = [n.communicate(timeout=240)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert any("step_00000002 at step 2" in log for log in logs)
+    a, b = final_weights(tmp_path / "one-node"), final_weights(out)
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

@@ -136,6 +136,7 @@ def run_sweep(
         "timeout": 0,
         "skipped": 0,
         "done before": len(sweep.runs) - len(todo),
+        "run by another process": 0,
     }
     bar = None
     if progress:
@@ -161,8 +162,16 @@ def run_sweep(
             what = f"{run.label} {_describe(run.params)} #{run.repeat}"
             if bar:
                 bar.update(task, current=what)
-            row = execute_run(run, runs_dir / sweep.name / run.key, sweep.timeout_s)
-            store.put(row)
+            if not store.claim(run.key, rerun=rerun):  # another sweep on this file has it
+                counts["run by another process"] += 1
+                if bar:
+                    bar.advance(task)
+                continue
+            try:
+                row = execute_run(run, runs_dir / sweep.name / run.key, sweep.timeout_s)
+                store.put(row)
+            finally:
+                store.release(run.key)
             counts[row.status] += 1
             line = f"[{i + 1}/{len(todo)}] {what}: {row.status}"
             if row.status == "ok" and row.unique_samples_per_s:

@@ -1,13 +1,18 @@
 """Results store: one SQLite file, one row per run.
 
 WAL journal: a report can read the file while a sweep writes it. Each run's row is committed as
-soon as the run ends, so a crash of the sweep loses no finished run.
+soon as the run ends, so a crash of the sweep loses no finished run. Several sweeps may share one
+file at once: a run is claimed (table claims, in one IMMEDIATE transaction) before it starts, so
+each run key is run by one process; a claim whose process is gone (same host) is taken over.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
+import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +39,11 @@ CREATE TABLE IF NOT EXISTS runs (
     peak_memory_bytes INTEGER,
     metrics       TEXT,            -- JSON: the result's whole summary
     result        TEXT             -- JSON: the whole result file
+);
+CREATE TABLE IF NOT EXISTS claims (
+    run_key TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,           -- host:pid of the process running it
+    claimed_at TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS sweeps (
     name TEXT PRIMARY KEY,
@@ -96,12 +106,47 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect()) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+        for attempt in range(100):
+            # Switching a new file to WAL takes a lock that sqlite's busy timeout does not
+            # wait for: two sweeps starting on one new file retry instead of failing.
+            try:
+                with closing(self._connect()) as db, db:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    db.executescript(SCHEMA)
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == 99:
+                    raise
+                time.sleep(0.05 + 0.01 * attempt)
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
+
+    def claim(self, run_key: str, *, rerun: bool = False, owner: str | None = None) -> bool:
+        """Take run_key for this process: False when it is done (unless rerun) or another live
+        process holds it."""
+        owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        db = self._connect()
+        db.isolation_level = None  # transactions by hand: BEGIN IMMEDIATE takes the write lock
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            done = db.execute("SELECT status FROM runs WHERE run_key = ?", (run_key,)).fetchone()
+            held = db.execute("SELECT owner FROM claims WHERE run_key = ?", (run_key,)).fetchone()
+            if (done and done[0] == "ok" and not rerun) or (held and _alive(held[0], owner)):
+                db.execute("ROLLBACK")
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO claims VALUES (?, ?, ?)",
+                (run_key, owner, time.strftime("%Y-%m-%dT%H:%M:%S")),
+            )
+            db.execute("COMMIT")
+            return True
+        finally:
+            db.close()
+
+    def release(self, run_key: str) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute("DELETE FROM claims WHERE run_key = ?", (run_key,))
 
     def save_sweep(self, name: str, table_kind: str, spec: dict[str, Any], now: str) -> None:
         with closing(self._connect()) as db, db:
@@ -160,3 +205,19 @@ class Store:
                 w = csv.writer(f)
                 w.writerow(header)
                 w.writerows(cur.fetchall())
+
+
+def _alive(holder: str, me: str) -> bool:
+    """Whether the claim's process still runs: checked on this host; elsewhere assumed."""
+    host, _, pid = holder.rpartition(":")
+    if holder == me:
+        return False  # this process's own leftover claim
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True

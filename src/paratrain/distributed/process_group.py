@@ -13,6 +13,13 @@ import torch.distributed as dist
 
 from paratrain.errors import UserError
 
+GENERATION = "PARATRAIN_GENERATION"
+
+
+def generation() -> int:
+    """Which start of the job's workers this is (0: the first; more after restarts)."""
+    return int(os.environ.get(GENERATION, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
 
 @dataclass(kw_only=True)
 class DistConfig:
@@ -67,10 +74,13 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
 def init_distributed(preference: str, multiprocess: bool, timeout_s: float = 600.0) -> DistEnv:
     """Join the process group that the launcher described in the environment.
 
-    The store comes from torch's env:// rendezvous, under a prefix of its own per restart of
-    the job: torchrun's c10d rendezvous keeps one store across restarts, where a restarted
+    The store comes from torch's env:// rendezvous, under a prefix of its own per generation
+    of workers: torchrun's c10d rendezvous keeps one store across restarts, where a restarted
     generation would otherwise read the killed one's addresses (gloo: 'connectFullMesh failed
-    ... Connection refused' to a dead port; NCCL: a stale unique id)."""
+    ... Connection refused' to a dead port; NCCL: a stale unique id). The generation is counted
+    in the store itself (every worker adds 1 once as it joins), not taken from
+    TORCHELASTIC_RESTART_COUNT: across nodes, an agent restarted because another node's worker
+    failed keeps its count, so two nodes' workers would disagree."""
     if not multiprocess:
         return DistEnv(0, 0, 1, pick_device(preference, 0), None)
     rank = int(os.environ["RANK"])
@@ -82,8 +92,9 @@ def init_distributed(preference: str, multiprocess: bool, timeout_s: float = 600
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         timeout = timedelta(seconds=timeout_s)
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = dist.PrefixStore(f"paratrain/attempt_{attempt}/", store)
+        joined = store.add("paratrain/workers_joined", 1)
+        os.environ[GENERATION] = str((joined - 1) // world)
+        store = dist.PrefixStore(f"paratrain/generation_{generation()}/", store)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
         )

@@ -241,8 +241,9 @@ def setup(cfg, env: pg.DistEnv) -> Run:
 
 
 def restarted() -> bool:
-    """This worker was started again by torchrun's agent after a failure."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    """This worker was started again by torchrun's agent after a failure (here or on another
+    node)."""
+    return pg.generation() > 0
 
 
 def checkpoint_dir(cfg, out_dir: Path) -> Path:

@@ -34,7 +34,8 @@ class Watchdog:
         self._thread = None
         if limit_s <= 0 or world < 2 or not dist.is_initialized():
             return
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        from paratrain.distributed.process_group import generation
+
         # a client connection of its own: the main thread's collectives use theirs meanwhile
         client = dist.TCPStore(
             os.environ["MASTER_ADDR"],
@@ -42,7 +43,7 @@ class Watchdog:
             is_master=False,
             timeout=timedelta(seconds=30),
         )
-        self.store = dist.PrefixStore(f"paratrain/attempt_{attempt}/heartbeat/", client)
+        self.store = dist.PrefixStore(f"paratrain/generation_{generation()}/heartbeat/", client)
         self.interval = interval_s
         self._send()  # the first one now: a rank may stop before the thread's first turn
         self._thread = threading.Thread(target=self._run, name="paratrain-watchdog", daemon=True)
