@@ -58,6 +58,20 @@ def final_weights(run_dir) -> dict:
     return read_ckpt(last_checkpoint(run_dir))["model"]
 
 
+# A tiny random Llama on random tokens, on the CPU: the model-parallel, resharding, restart
+# and fault-tolerance tests add their own steps, batch and degrees.
+TINY_LM = [
+    "data.source=synthetic-text",
+    "model.init=random",
+    "model.shape=tiny",
+    "device=cpu",
+    "data.num_workers=0",
+    "data.max_length=32",
+    "train.warmup_steps=1",
+    "log.progress=false",
+]
+
+
 def max_abs_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

@@ -11,7 +11,7 @@ reduction moves weights by lr = 1e-2 within a step, which the second check shows
 """
 
 import pytest
-from conftest import final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY_LM, final_weights, max_abs_diff, read_result, run_cli
 
 from paratrain.config import load_config
 from paratrain.trainer.loop import train
@@ -19,18 +19,7 @@ from paratrain.trainer.loop import train
 pytestmark = pytest.mark.dist
 
 TOL = 1e-4
-LM = [
-    "data.source=synthetic-text",
-    "model.init=random",
-    "model.shape=tiny",
-    "device=cpu",
-    "data.num_workers=0",
-    "data.max_length=32",
-    "train.max_steps=4",
-    "train.warmup_steps=1",
-    "train.lr=0.01",
-    "log.progress=false",
-]
+LM = [*TINY_LM, "train.max_steps=4", "train.lr=0.01"]
 
 
 def sets(*settings):

@@ -8,7 +8,7 @@ import pickle
 import shutil
 
 import pytest
-from conftest import final_weights, max_abs_diff, read_result
+from conftest import TINY_LM, final_weights, max_abs_diff, read_result
 
 from paratrain import faults
 from paratrain.cli import main
@@ -17,19 +17,7 @@ from paratrain.metrics import write_json
 from paratrain.trainer.checkpoint import list_checkpoints
 from paratrain.trainer.loop import train
 
-LM = [
-    "data.source=synthetic-text",
-    "model.init=random",
-    "model.shape=tiny",
-    "device=cpu",
-    "data.num_workers=0",
-    "data.max_length=32",
-    "data.batch_size=4",
-    "train.warmup_steps=1",
-    "log.progress=false",
-    "lora.enabled=false",
-    "checkpoint.every_steps=2",
-]
+LM = [*TINY_LM, "data.batch_size=4", "lora.enabled=false", "checkpoint.every_steps=2"]
 
 
 def run(out, *settings):

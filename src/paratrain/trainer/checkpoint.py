@@ -325,12 +325,19 @@ def load_checkpoint(
 
 
 def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
-    """A checkpoint must hold this model's tensors, no fewer and no others, and the optimizer
-    state of each (hyper-parameters may differ between torch versions and are not compared)."""
+    """A checkpoint must hold this model's tensors, no fewer and no others (over all ranks: a
+    pipeline stage has only its own), and the optimizer state of each (hyper-parameters may
+    differ between torch versions and are not compared). Collective."""
     held = integrity.checkpoint_keys(path)
     want = {f"model.{k}" for k in model_state}
     want_optim = {f"optimizer.{k}" for k in optim_state if k.startswith("state.")}
     stored = {k for k in held if k.startswith("model.")}
+    # A pipeline stage holds only its own layers: what no rank of this run wants is extra.
+    everyone = set(want)
+    if dist.is_initialized():
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sorted(want))
+        everyone = {k for keys in gathered for k in keys}
 
     def names(keys):
         keys = sorted(k.split(".", 1)[1] for k in keys)
@@ -341,10 +348,10 @@ def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
             f"checkpoint.resume: {path} lacks {len(want - stored)} of this model's tensors "
             f"({names(want - stored)})"
         )
-    if stored - want:
+    if stored - everyone:
         raise UserError(
-            f"checkpoint.resume: {path} holds {len(stored - want)} tensors this model does not "
-            f"have ({names(stored - want)}); another model, or LoRA on / off?"
+            f"checkpoint.resume: {path} holds {len(stored - everyone)} tensors this model does "
+            f"not have ({names(stored - everyone)}); another model, or LoRA on / off?"
         )
     if want_optim - held:
         raise UserError(
