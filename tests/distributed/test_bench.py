@@ -60,7 +60,7 @@ variants:
   - {{label: boom, set: {{model.name: "flaky:boom"}}}}
   - {{label: hang, set: {{model.name: "flaky:hang"}}}}
   - {{label: good too, set: {{train.lr: 0.001}}}}
-timeout_s: 10
+timeout_s: 15
 """)
     db = tmp_path / "r.db"
     args = ["bench", sweep, "--db", db, "--runs-dir", tmp_path / "runs", "--no-progress"]
