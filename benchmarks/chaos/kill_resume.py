@@ -66,6 +66,14 @@ def identical(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
 
 
+def record(rows: list[str], row: str, ok: bool, log_path: Path, log: str) -> None:
+    """One trial's table row, printed as it comes; the log kept when the trial failed."""
+    rows.append(row)
+    print(row, flush=True)
+    if not ok:
+        log_path.write_text(log)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
@@ -103,12 +111,8 @@ def main() -> int:
         kills["resumed"] += code == 0 and at == newest
         kills["identical"] += same
         kills["lost"] += lost
-        rows.append(
-            f"| kill | rank {rank} after step {step} | {code} | {at} | {lost} | {same} | {secs:.0f} |"
-        )
-        print(rows[-1], flush=True)
-        if code != 0 or not same:
-            (work / f"kill{t}.log").write_text(log)
+        row = f"| kill | rank {rank} after step {step} | {code} | {at} | {lost} | {same} | {secs:.0f} |"
+        record(rows, row, code == 0 and same, work / f"kill{t}.log", log)
         shutil.rmtree(out, ignore_errors=True)
     # corrupt: the newest of a finished run's checkpoints is damaged; auto resume skips it
     straight = work / "straight"
@@ -137,12 +141,9 @@ def main() -> int:
         corrupt["resumed"] += bool(m)
         corrupt["identical"] += same
         corrupt["skipped_named"] += named
-        rows.append(
-            f"| corrupt | {how} {newest.name}/{victim.name} | {code} | {int(m.group(1)) if m else '-'} | - | {same} | {secs:.0f} |"
-        )
-        print(rows[-1], flush=True)
-        if code != 0 or not same:
-            (work / f"corrupt{t}.log").write_text(log)
+        at = int(m.group(1)) if m else "-"
+        row = f"| corrupt | {how} {newest.name}/{victim.name} | {code} | {at} | - | {same} | {secs:.0f} |"
+        record(rows, row, code == 0 and same, work / f"corrupt{t}.log", log)
     summary = (
         f"kill -9 trials {kills['trials']}: exit 0 {kills['exit0']}, resumed from the newest "
         f"checkpoint (or the start, before the first) {kills['resumed']}, "
