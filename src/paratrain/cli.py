@@ -109,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--export-csv", metavar="FILE", help="also export every stored run as CSV")
     report.set_defaults(func=cmd_report)
 
+    export = sub.add_parser(
+        "export",
+        help="one checkpoint as one consolidated model (a Hugging Face folder, or safetensors)",
+        description="Gathers a checkpoint's shards (any layout) in one process on the CPU: a "
+        "causal LM becomes a Hugging Face folder (from_pretrained; a LoRA run's adapter in "
+        "peft's format), any other model one model.safetensors under its own names.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint (step_*), or a run folder: its newest")
+    export.add_argument("out", help="a new folder for the model")
+    export.add_argument("--config", help="the run's config.yaml (default: the run folder's)")
+    export.set_defaults(func=cmd_export)
+
+    flight = sub.add_parser(
+        "flight",
+        help="read flight recorder dumps: the collective a hung job's ranks did not all reach",
+    )
+    flight.add_argument("folder", help="a run folder, or its flight_recorder/ folder")
+    flight.set_defaults(func=cmd_flight)
+
     comm = sub.add_parser(
         "comm",
         help="time NCCL / gloo collectives over message sizes (algorithm and bus bandwidth)",
@@ -278,6 +297,30 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"paratrain report: written to {args.out}")
     else:
         print(text)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from paratrain.export import export
+
+    written = export(args.checkpoint, args.out, args.config)
+    print(
+        f"paratrain: step {written['step']} of {written['source']} -> {args.out} "
+        f"({written['format']}: {', '.join(written['files'])})"
+    )
+    return 0
+
+
+def cmd_flight(args: argparse.Namespace) -> int:
+    from paratrain.flight import analyze, dump_folder, read_dumps, read_job
+
+    dumps = read_dumps(args.folder)
+    job = read_job(dump_folder(args.folder))
+    print(f"paratrain: flight recorder dumps of ranks {', '.join(map(str, sorted(dumps)))}")
+    if job.get("incident"):
+        print(f"watchdog: {job['incident']}")
+    for line in analyze(dumps, job.get("world_size")):
+        print(line)
     return 0
 
 

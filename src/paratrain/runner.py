@@ -31,6 +31,11 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
         raise UserError(
             "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
         )
+    if not cuda and cfg.checkpoint.async_mode == "pinned":
+        raise UserError(
+            "checkpoint.async_mode: pinned stages through page-locked memory for a GPU's "
+            "copies; on the CPU use async"
+        )
     if cuda and cfg.multiprocess and nproc > torch.cuda.device_count():
         raise UserError(
             f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "

@@ -38,7 +38,7 @@ def step(run_dir, n):
 
 def test_one_process_to_a_pipeline_to_fsdp_and_back_to_one_process(tmp_path):
     """Steps 1-2 in one process, 3-4 in a 2-stage pipeline (1 -> 2, each stage loading its own
-    layers), 5-6 under FSDP over 2 (pipeline -> FSDP), 7-8 in one process (2 -> 1); against one
+    layers), 5-6 under FSDP over 2 (pipeline -> FSDP; its checkpoints saved asynchronously), 7-8 in one process (2 -> 1); against one
     process straight to step 8."""
     straight = single(tmp_path / "straight", "data.batch_size=4", "train.max_steps=8")
     single(tmp_path / "a", "data.batch_size=4", "train.max_steps=2")
@@ -53,6 +53,7 @@ def test_one_process_to_a_pipeline_to_fsdp_and_back_to_one_process(tmp_path):
         tmp_path / "c",
         2,
         *("strategy=fsdp", "data.batch_size=2", "train.max_steps=6"),
+        "checkpoint.async_mode=async",  # written by a thread while FSDP trains on
         f"checkpoint.resume={step(tmp_path / 'b', 4)}",
     )
     assert "resharded to dp_shard=2" in p.stdout, p.stdout[-2000:]

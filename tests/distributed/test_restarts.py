@@ -41,6 +41,11 @@ def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(tmp_path):
     assert slow["step"] == 4 and slow["excess_s"] > 4  # rank 0 waited in step 4
     assert s["stall_s"] == slow["excess_s"] and s["train_s"] < slow["seconds"]
     assert s["stalls"]["stragglers"][0]["rank"] == 1
+    # every rank that could wrote its flight recorder; the reader names who did not arrive
+    assert "flight recorder dumps in" in p.stderr, p.stderr[-3000:]
+    read = run_cli(["flight", tmp_path / "stopped"])
+    assert "rank 1: no dump" in read.stdout, read.stdout
+    assert "was entered by rank 0" in read.stdout and "but not by 1" in read.stdout, read.stdout
 
 
 def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):

@@ -181,3 +181,30 @@ def test_a_restarted_generation_without_a_checkpoint_starts_over(four_steps, tmp
     out = copy_run(four_steps, tmp_path)
     assert run(out, "train.max_steps=6")["summary"]["steps_this_run"] == 2
     assert read_result(out)["summary"]["optimizer_steps"] == 6
+
+
+def test_an_async_checkpoint_equals_a_waited_one_and_appears_complete(four_steps, tmp_path):
+    """checkpoint.async_mode=async: the same tensors, loop state and manifest-checked files as
+    the run that waited for each save; nothing half-written is left behind."""
+    from paratrain.trainer.checkpoint import read_checkpoint
+    from paratrain.trainer.integrity import problem
+
+    out = tmp_path / "async"
+    result = run(out, "train.max_steps=4", "checkpoint.async_mode=async")
+    assert result["summary"]["checkpoint"]["async_mode"] == "async"
+    assert result["summary"]["checkpoint"]["saves"] == 2
+    written = list_checkpoints(out / "checkpoints")
+    assert [p.name for p in written] == ["step_00000002", "step_00000004"]
+    assert not list((out / "checkpoints").glob(".*"))
+    waited_for = list_checkpoints(four_steps / "four" / "checkpoints")
+    for mine, waited in zip(written, waited_for, strict=True):
+        assert problem(mine) is None
+        a, b = read_checkpoint(mine), read_checkpoint(waited)
+        assert a["loop"] == b["loop"]
+        assert max_abs_diff(a["model"], b["model"]) == 0.0
+        assert a["optimizer"].keys() == b["optimizer"].keys()
+
+
+def test_pinned_async_checkpoints_are_for_a_gpu(tmp_path, capsys):
+    assert cli(tmp_path / "p", "checkpoint.async_mode=pinned") == 2
+    one_error_line(capsys, "checkpoint.async_mode")

@@ -32,8 +32,14 @@ class DistConfig:
     """A rank whose step has not finished this many seconds after the others' (or after the
     running median step time x 10, if longer) is named, with its phase, on rank 0's output;
     0: no watchdog."""
+    flight_recorder: int = 2000
+    """Collectives each rank remembers (PyTorch's flight recorder, NCCL and gloo), dumped to
+    <output_dir>/flight_recorder/ when the watchdog names a rank and when an NCCL collective
+    times out; `paratrain flight <output_dir>` reads them. 0: off."""
 
     def __post_init__(self) -> None:
+        if self.flight_recorder < 0:
+            raise ValueError(f"flight_recorder: must be >= 0, got {self.flight_recorder}")
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             raise ValueError(f"timeout_s: must be a finite number > 0, got {self.timeout_s}")
         if not self.watchdog_s >= 0 or self.watchdog_s == float("inf"):

@@ -19,12 +19,12 @@ A manifest of checksums is its last file, and loading runs no code from it (inte
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import random
 import re
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +53,17 @@ class CheckpointConfig:
     continue from; `auto`: this run's own newest good checkpoint, or a fresh start when it has
     none (a restarted worker does this by itself). It may come from another layout (degrees,
     process count): the weights and optimizer state are resharded on load."""
+    async_mode: str = "off"
+    """`off`: the step waits until the checkpoint is on disk. `async`: the step waits only for
+    the state's copy to host memory; a thread writes it (DCP async_save) while training goes
+    on, and the checkpoint appears (manifest, rename) when the write is done. `pinned`: the
+    same through page-locked host memory, kept between saves (faster copies from a GPU, that
+    much host memory held). One save in flight at a time: the next one, and the end of the
+    run, wait for it."""
 
     def __post_init__(self) -> None:
+        if self.async_mode not in ("off", "async", "pinned"):
+            raise ValueError(f"async_mode: one of off, async, pinned; got {self.async_mode!r}")
         if self.every_steps < 0:
             raise ValueError(f"every_steps: must be >= 0, got {self.every_steps}")
         if self.keep < 0:
@@ -193,18 +202,62 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-@contextlib.contextmanager
-def _single_process_quietly():
-    """DCP warns on every call without a process group that it assumes one process; here that
-    is what is meant."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
-        yield
+# DCP warns on every call without a process group that it assumes one process; here that is
+# what is meant. (Also from an async save's writer thread, which a context manager would miss.)
+warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
 
 
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+class AsyncSaves:
+    """checkpoint.async_mode: the checkpoint in flight, and what async saves share (a gloo
+    group of their own: the writer thread's collectives must not interleave with training's
+    on the default group; the pinned-memory stager kept between saves). Made on every rank
+    (collective)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.group = None
+        self.stager = None
+        if mode == "off":
+            return
+        if dist.is_initialized():
+            self.group = dist.new_group(backend="gloo")
+        if mode == "pinned":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self.stager = DefaultStager(StagingOptions(True, False, False, False))
+
+    def start(self, work) -> None:
+        def run():
+            try:
+                work()
+            except BaseException as e:  # raised in the main thread by wait()
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name="paratrain-checkpoint", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Collective: every rank's write finished, the checkpoint renamed into place."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            _barrier()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def close(self) -> None:
+        self.wait()
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
 
 
 def save_checkpoint(
@@ -217,26 +270,26 @@ def save_checkpoint(
     device: torch.device,
     keep: int,
     layout: dict[str, Any] | None = None,
+    saves: AsyncSaves | None = None,
 ) -> Path:
-    """Collective: every rank must call it. Returns the checkpoint's folder."""
+    """Collective: every rank must call it. Returns the checkpoint's folder (with `saves` in an
+    async mode, where it will be once `saves.wait()` returns)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    background = saves is not None and saves.mode != "off"
+    if background:
+        saves.wait()  # one in flight: the previous checkpoint is complete before this one
     _, options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     rank, world = _rank_world()
     final = checkpoint_path(directory, state.step)
     tmp = final.with_name(f".{final.name}.tmp")
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in Path(directory).glob(".step_*.tmp"):  # a killed run's unfinished writes
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    with _single_process_quietly():
-        dcp.save(
-            {"model": model_state, "optimizer": optim_state},
-            checkpoint_id=tmp,
-            no_dist=not dist.is_initialized(),
-        )
     torch.save(rng_state(device), tmp / f"rng_rank{rank:05d}.pt")
     if rank == 0:
         torch.save(
@@ -248,22 +301,47 @@ def save_checkpoint(
             },
             tmp / _TRAIN_STATE,
         )
-    _barrier()
-    # every rank hashes what it wrote; the manifest, written last, lists them all
+    tensors = {"model": model_state, "optimizer": optim_state}
+    done = dict(tmp=tmp, final=final, directory=Path(directory), step=state.step, keep=keep)
+    if not background:
+        dcp.save(tensors, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        _barrier()
+        _complete(**done, group=None)
+        _barrier()
+        return final
+    # the copy to host memory happens here, before the step may change the weights
+    future = dcp.async_save(
+        tensors,
+        checkpoint_id=tmp,
+        process_group=saves.group,
+        async_stager=saves.stager,
+        no_dist=not dist.is_initialized(),
+    )
+
+    def finish():
+        future.result()
+        _complete(**done, group=saves.group)
+
+    saves.start(finish)
+    return final
+
+
+def _complete(*, tmp: Path, final: Path, directory: Path, step: int, keep: int, group) -> None:
+    """Every rank's files written: each hashes its own; the manifest, written last, lists them
+    all; the folder is renamed into place and the oldest pruned."""
+    rank, world = _rank_world()
     mine = integrity.digests(integrity.own_files(tmp, rank))
     listed = [mine]
     if dist.is_initialized():
         listed = [None] * world
-        dist.all_gather_object(listed, mine)
+        dist.all_gather_object(listed, mine, group=group)
     if rank == 0:
-        integrity.write_manifest(tmp, state.step, {k: v for d in listed for k, v in d.items()})
+        integrity.write_manifest(tmp, step, {k: v for d in listed for k, v in d.items()})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if keep:
             for old in list_checkpoints(directory)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier()
-    return final
 
 
 def load_checkpoint(
@@ -292,10 +370,7 @@ def load_checkpoint(
     wanted = {"model": model_state, "optimizer": optim_state}
     planner, _ = integrity.safe_planners()
     try:
-        with _single_process_quietly():
-            dcp.load(
-                wanted, checkpoint_id=path, planner=planner(), no_dist=not dist.is_initialized()
-            )
+        dcp.load(wanted, checkpoint_id=path, planner=planner(), no_dist=not dist.is_initialized())
     except integrity.UnsafeCheckpoint as e:
         raise UserError(
             f"checkpoint.resume: {path} holds a value that loading would run code for; refused "
@@ -373,10 +448,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(unsafe)
     _, empty_planner = integrity.safe_planners()
     state: dict[str, Any] = {}  # filled in place, as format_utils.dcp_to_torch_save does
-    with _single_process_quietly():
-        _load_state_dict(
-            state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
-        )
+    _load_state_dict(
+        state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
+    )
     state.update(_load_plain(path / _TRAIN_STATE))
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank*.pt"))]
     return state

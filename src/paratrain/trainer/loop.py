@@ -8,11 +8,12 @@ Every rank runs this function; rank 0 alone prints, shows the bar and writes fil
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from paratrain import faults, metrics
+from paratrain import faults, flight, metrics
 from paratrain.distributed import process_group as pg
 from paratrain.parallel import ONE_PROCESS
 from paratrain.profiling import StepProfiler
@@ -35,11 +36,23 @@ from paratrain.trainer.watchdog import StallMeter, Watchdog
 
 def train(cfg) -> dict[str, Any]:
     deterministic_env(cfg)
+    if cfg.strategy not in ONE_PROCESS:
+        flight.enable(
+            cfg.dist.flight_recorder,
+            Path(cfg.output_dir) / "flight_recorder" if cfg.output_dir else None,
+            cuda=cfg.device != "cpu" and torch.cuda.is_available(),
+        )
     env = pg.init_distributed(cfg.device, cfg.strategy not in ONE_PROCESS, cfg.dist.timeout_s)
     try:
         with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
             run = setup(cfg, env)
-            watchdog = Watchdog(env.rank, env.world_size, cfg.dist.watchdog_s)
+            watchdog = Watchdog(
+                env.rank,
+                env.world_size,
+                cfg.dist.watchdog_s,
+                dump_dir=run.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
+                backend=env.backend,
+            )
             try:
                 return _loop(run, watchdog)
             finally:
@@ -160,6 +173,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
     if cfg.checkpoint.at_end and state.step > start_step:
         run.save()
+    run.finish_saves()
     artifacts = work.finish(run.model, run.out_dir) if work.finish is not None else {}
     result = results.build(
         run,

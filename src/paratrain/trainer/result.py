@@ -72,6 +72,8 @@ def build(
         # ranks the watchdog found behind
         "stall_s": sum(x["excess_s"] for x in (stalls or {}).get("slow_steps", [])),
         "stalls": stalls,
+        # checkpoints this run wrote and the time training waited for them (out of train_s)
+        "checkpoint": {"async_mode": cfg.checkpoint.async_mode, **run.checkpoint_stats},
         "measured_steps": measured_steps,
         "warmup_excluded": warmup_excluded,
         "step_time_s": measured_s / max(measured_steps, 1),

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.tasks import Workload, task_module
 from paratrain.trainer.checkpoint import (
+    AsyncSaves,
     LoopState,
     list_checkpoints,
     load_checkpoint,
@@ -72,6 +73,10 @@ class Run:
     dtensor_params: list
     """Trainable DTensor weights under tensor parallelism (their gradients are summed over the
     tp ranks before each optimizer step), else empty."""
+    saves: AsyncSaves | None = None
+    """checkpoint.async_mode: the save in flight."""
+    checkpoint_stats: dict = field(default_factory=lambda: {"saves": 0, "blocking_s": 0.0})
+    """Checkpoints written by this run and the time training waited for them."""
 
     @property
     def redundant(self) -> bool:
@@ -107,6 +112,7 @@ class Run:
         """Every N steps and at the end: the same state, the same files (collective)."""
         self.state.samples_in_epoch = self.state.step_in_epoch * self.k * self.loader_batch
         self.state.samples_in_epoch *= self.partition
+        began = time.perf_counter()
         save_checkpoint(
             self.ckpt_dir,
             model=unwrap(self.model),
@@ -116,7 +122,17 @@ class Run:
             device=self.env.device,
             keep=self.cfg.checkpoint.keep,
             layout=self.layout,
+            saves=self.saves,
         )
+        self.checkpoint_stats["saves"] += 1
+        self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
+
+    def finish_saves(self) -> None:
+        """The end of the run: the checkpoint in flight is written and in place (collective)."""
+        if self.saves is not None:
+            began = time.perf_counter()
+            self.saves.close()
+            self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
 
 
 def setup(cfg, env: pg.DistEnv) -> Run:
@@ -229,6 +245,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         step_context=lambda: step_context(dims, cfg.parallel),
         params=params,
         dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
+        saves=AsyncSaves(cfg.checkpoint.async_mode),
     )
     # A restarted worker continues from its run's newest good checkpoint (before it has one,
     # from where the first generation started).

@@ -19,13 +19,23 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
 
 class Watchdog:
-    def __init__(self, rank: int, world: int, limit_s: float, interval_s: float = 1.0):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        limit_s: float,
+        interval_s: float = 1.0,
+        dump_dir: Path | None = None,
+        backend: str | None = None,
+    ):
         self.rank, self.world, self.limit = rank, world, limit_s
+        self.dump_dir, self.backend, self.dumped = dump_dir, backend, b""
         self.started, self.phase, self.since = 0, "between steps", time.time()
         self.reported: set[tuple] = set()
         self.silent_at: dict[int, float] = {}  # when a rank was last reported silent
@@ -65,12 +75,28 @@ class Watchdog:
                 self._send()
                 if self.rank == 0:
                     self._look()
+                self._dump_when_asked()
             except Exception:  # noqa: BLE001 - the store went away: the job is ending
                 return
 
     def _send(self) -> None:
         body = [self.started, self.phase, self.since, time.time()]
         self.store.set(str(self.rank), json.dumps(body))
+
+    def _dump_when_asked(self) -> None:
+        """Rank 0 named a rank: every rank that can writes its flight recorder (the named one,
+        if stopped, cannot; its absence is part of the answer)."""
+        if self.dump_dir is None or not self.store.check(["dump"]):
+            return
+        asked = self.store.get("dump")
+        if asked != self.dumped:
+            self.dumped = asked
+            # a rank that was stopped and wakes later would record where it is then, not
+            # where it was: only a request of the last few seconds is answered
+            if time.time() - float(asked.decode().split(":")[1]) < 2 * self.interval + 0.5:
+                from paratrain.flight import dump
+
+                dump(self.dump_dir, self.rank, self.backend)
 
     def _look(self) -> None:
         now = time.time()
@@ -103,6 +129,15 @@ class Watchdog:
                 self.incidents.append(
                     {"rank": r, "step": started, "phase": phase, "seconds": round(seconds, 1)}
                 )
+                if self.dump_dir is not None:
+                    from paratrain.flight import note_job
+
+                    note_job(self.dump_dir, self.world, self.incidents[-1])
+                    self.store.set("dump", f"{len(self.incidents)}:{time.time()}")
+                    line += (
+                        f"; flight recorder dumps in {self.dump_dir} (`paratrain flight "
+                        f"{self.dump_dir}` names the collective that did not arrive)"
+                    )
                 print(f"paratrain: watchdog: {line}", file=sys.stderr, flush=True)
 
 

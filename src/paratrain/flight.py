@@ -1,0 +1,168 @@
+"""PyTorch's flight recorder, switched on and read back.
+
+Every rank keeps its last `dist.flight_recorder` collectives (NCCL's and gloo's: the operation,
+its group and sequence number, its state, sizes, the Python stack that issued it). They are
+dumped to <output_dir>/flight_recorder/rank_<r>: by every rank's watchdog thread when the
+watchdog finds a rank behind (trainer/watchdog.py), and, under NCCL, by PyTorch itself when a
+collective times out. `paratrain flight DIR` reads the dumps and names, per process group, the
+first collective that not every rank entered, which ranks did and did not, and where in the
+code each rank stands. (PyTorch's own analyzer, `torchfrtrace DIR`, reads the same files.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+
+from paratrain.errors import UserError
+
+PREFIX = "rank_"
+
+
+def enable(entries: int, folder: Path | None, cuda: bool) -> None:
+    """Before the process group is made (PyTorch reads these when it creates a backend); the
+    user's own settings win."""
+    if entries <= 0:
+        return
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        os.environ.setdefault(key, str(entries))
+    if cuda:
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+            os.environ.setdefault(key, str(folder / PREFIX))
+
+
+def dump(folder: Path, rank: int, backend: str | None) -> Path | None:
+    """This rank's recorder to folder/rank_<rank> (from any thread: the main one may be
+    blocked in the collective that hangs). None when there is nothing to dump."""
+    import torch._C._distributed_c10d as c10d
+
+    take = c10d._dump_nccl_trace if backend == "nccl" else c10d._dump_fr_trace
+    try:
+        data = take()
+    except Exception:  # noqa: BLE001 - no recorder in this build or backend
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{PREFIX}{rank}"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def note_job(folder: Path, world: int, incident: dict) -> None:
+    """What the dumps alone do not say: how many ranks the job has (gloo's recorder lists only
+    the rank itself in a group), and what the watchdog saw."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.json").write_text(json.dumps({"world_size": world, "incident": incident}))
+
+
+def read_job(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "job.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """A dump holds dicts, lists, strings and numbers; nothing else is built (reading a dump
+    from elsewhere runs no code)."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def dump_folder(folder: str | Path) -> Path:
+    folder = Path(folder)
+    return folder / "flight_recorder" if (folder / "flight_recorder").is_dir() else folder
+
+
+def read_dumps(folder: str | Path) -> dict[int, dict]:
+    folder = dump_folder(folder)
+    if not folder.is_dir():
+        raise UserError(f"flight: {folder} is not a folder of flight recorder dumps")
+    dumps = {}
+    for path in sorted(folder.iterdir()):
+        m = re.search(r"(\d+)$", path.name)
+        if not m or path.name.startswith("."):
+            continue
+        try:
+            with open(path, "rb") as f:
+                dumps[int(m.group(1))] = _PlainUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as e:
+            raise UserError(f"flight: {path} is not a flight recorder dump ({e})") from None
+    if not dumps:
+        raise UserError(f"flight: no dumps (rank_<r>) in {folder}")
+    return dumps
+
+
+def _where(entry: dict) -> str:
+    """The innermost frame outside torch: the line of the program that issued it."""
+    for frame in entry.get("frames") or []:
+        if f"{os.sep}torch{os.sep}" not in frame.get("filename", ""):
+            return f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}"
+    return "?"
+
+
+def _describe(entry: dict) -> str:
+    sizes = entry.get("input_sizes") or []
+    return f"{entry['profiling_name']} #{entry['collective_seq_id']} {sizes}"
+
+
+def analyze(dumps: dict[int, dict], world_size: int | None = None) -> list[str]:
+    """-> lines naming, per process group, the first collective not every member entered.
+    world_size: the job's ranks (else those the dumps name)."""
+    lines = []
+    groups: dict[str, list[int]] = {}
+    for d in dumps.values():
+        for name, pg in (d.get("pg_config") or {}).items():
+            ranks = {int(r) for r in re.findall(r"\d+", pg.get("ranks", ""))}
+            groups[name] = sorted(ranks | set(groups.get(name, [])))
+    world = sorted({r for ranks in groups.values() for r in ranks} | set(dumps))
+    if world_size:
+        world = list(range(world_size))
+    missing = [r for r in world if r not in dumps]
+    for r in missing:
+        lines.append(f"rank {r}: no dump (stopped, killed, or stuck outside Python)")
+    by_group: dict[str, dict[int, list[dict]]] = {}
+    for rank, d in dumps.items():
+        for e in d.get("entries", []):
+            if e.get("is_p2p"):
+                continue
+            by_group.setdefault(e["process_group"][0], {}).setdefault(rank, []).append(e)
+    for gid, per_rank in sorted(by_group.items()):
+        name = next(iter(per_rank.values()))[0]["process_group"][1]
+        members = world if name == "default_pg" else groups.get(gid) or sorted(per_rank)
+        last = {
+            r: max(
+                e["collective_seq_id"] for e in per_rank.get(r, [{}]) if "collective_seq_id" in e
+            )
+            if per_rank.get(r)
+            else -1
+            for r in members
+            if r in dumps
+        }
+        top = max(last.values(), default=-1)
+        behind = sorted(r for r in members if r not in dumps or last.get(r, -1) < top)
+        head = f"group {gid} ({name}, ranks {members})"
+        if not behind:
+            ahead = [e for e in per_rank[next(iter(last))] if e["collective_seq_id"] == top]
+            state = ahead[-1]["state"] if ahead else "?"
+            lines.append(f"{head}: every rank entered {_describe(ahead[-1])} ({state})")
+            continue
+        waiting = sorted(r for r in last if last[r] == top)
+        entry = next(e for e in per_rank[waiting[0]] if e["collective_seq_id"] == top)
+        lines.append(
+            f"{head}: {_describe(entry)} was entered by rank{'s' if len(waiting) > 1 else ''} "
+            f"{', '.join(map(str, waiting))} ({_where(entry)}) but not by "
+            f"{', '.join(map(str, behind))}"
+        )
+        for r in behind:
+            if r in per_rank:
+                own = max(per_rank[r], key=lambda e: e["collective_seq_id"])
+                lines.append(f"  rank {r} last entered {_describe(own)} ({_where(own)})")
+    return lines
