@@ -193,6 +193,19 @@ PEAK_FLOPS = {
 }
 
 
+# Dense FP8 tensor-core peak over the bf16 one: 2x on Hopper and Ada; none before.
+FP8_PEAK_FACTOR = {"H200": 2, "H100": 2, "L40S": 2, "RTX 4090": 2}
+
+
+def peak_fp8_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    factor = next((v for k, v in FP8_PEAK_FACTOR.items() if k in name), None)
+    bf16 = peak_flops(device)
+    return bf16 * factor if bf16 and factor else None
+
+
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None

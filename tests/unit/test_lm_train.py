@@ -317,3 +317,24 @@ def test_fp8_with_packed_rows_needs_max_length_a_multiple_of_16(tmp_path):
     cfg = load_config(None, lm_settings(data) + settings + [f"output_dir={tmp_path}"])
     with pytest.raises(UserError, match="data.max_length: 250 is not a multiple of 16"):
         train(cfg)
+
+
+def test_model_flops_count_a_tied_lm_head_as_the_matmul_it_is():
+    """Tied or not, the lm_head is a vocabulary x hidden matmul per token: the same shape gives
+    the same FLOPs either way (before, a tied lm_head was left out: Llama-3.2-1B's MFU read
+    ~19% low). And the count is 6 x the matmul weights + attention, by hand."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from paratrain.models.causal_lm.build import SHAPES
+    from paratrain.models.causal_lm.spec import CausalLMSpec
+
+    shape = {**SHAPES["tiny"]}
+    counts = {}
+    for tied in (False, True):
+        model = LlamaForCausalLM(LlamaConfig(**{**shape, "tie_word_embeddings": tied}))
+        counts[tied] = CausalLMSpec().flops_per_token(model, seq_len=32, lora=False)
+    v, h, layers = shape["vocab_size"], shape["hidden_size"], shape["num_hidden_layers"]
+    model = LlamaForCausalLM(LlamaConfig(**{**shape, "tie_word_embeddings": False}))
+    matmuls = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    assert counts[True] == counts[False] == 6 * matmuls + 12 * layers * h * 32
+    assert matmuls > v * h  # the lm_head is in it

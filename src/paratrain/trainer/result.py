@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from paratrain import metrics
 from paratrain.distributed import process_group as pg
+from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
 
 
@@ -96,12 +99,21 @@ def build(
         summary["tokens_per_s"] = unique_tokens / measured_s
         summary["tokens_per_step"] = unique_tokens / max(measured_steps, 1)
         peak_flops = metrics.peak_flops(device)
-        # MFU = achieved model FLOP/s per device / the device's dense peak (models/causal_lm/spec.py)
-        summary["mfu"] = (
-            work.flops_per_token * summary["tokens_per_s"] / gpus / peak_flops
-            if peak_flops
-            else None
-        )
+        achieved = work.flops_per_token * summary["tokens_per_s"] / gpus  # per device
+        # MFU = achieved model FLOP/s per device / the device's dense bf16 peak; a run whose
+        # linear layers compute in float8 is also quoted against the fp8 peak (twice as high)
+        summary["mfu"] = achieved / peak_flops if peak_flops else None
+        fp8 = cfg.model.fp8 != "none"
+        peak_fp8 = metrics.peak_fp8_flops(device) if fp8 else None
+        summary["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
+        summary["mfu_basis"] = {
+            "formula": FLOPS_FORMULA,
+            "model_flops_per_token": work.flops_per_token,
+            "achieved_flops_per_device": achieved,
+            "peak_flops_bf16_dense": peak_flops,
+            "peak_flops_fp8_dense": peak_fp8,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        }
         summary["flops_per_token"] = work.flops_per_token
     return {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
@@ -117,6 +129,8 @@ def build(
         },
         "redundant_data": run.redundant,
         "precision": cfg.precision,
+        # the linear layers' float8 recipe (model.fp8), when they compute in float8
+        "fp8": cfg.model.fp8 if cfg.task == "causal_lm" and cfg.model.fp8 != "none" else None,
         "world_size": env.world_size,
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
         "backend": env.backend,
@@ -132,11 +146,19 @@ def build(
     }
 
 
+def precision_label(result: dict[str, Any]) -> str:
+    """bf16, or bf16+fp8-rowwise when the linear layers compute in float8 (model.fp8)."""
+    fp8 = result.get("fp8")
+    return f"{result['precision']}+fp8-{fp8}" if fp8 else result["precision"]
+
+
 def print_summary(result: dict[str, Any]) -> None:
     s = result["summary"]
     redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
     if result["task"] == "causal_lm":
         mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") else ""
+        if s.get("mfu_fp8_peak"):
+            mfu += f" of the bf16 peak, {s['mfu_fp8_peak']:.1%} of the fp8 peak"
         rate = (
             f"{s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_step']:,.0f} per step), "
             f"{s['step_time_s']:.3f} s/it{mfu}"
@@ -157,7 +179,7 @@ def print_summary(result: dict[str, Any]) -> None:
     shown = f" ({layout})" if result["world_size"] > 1 and "=" in layout else ""
     print(
         f"paratrain: {result['strategy']}{shown} x{result['world_size']} "
-        f"{result['precision']}{redundant}: "
+        f"{precision_label(result)}{redundant}: "
         f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
         f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})\n"
         f"paratrain: results in {result['output_dir']}/result.json",

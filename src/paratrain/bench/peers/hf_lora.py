@@ -4,6 +4,10 @@ autocast dtype, get_peft_model, AdamW on the adapters, autocast, model(...).loss
 torchrun starts several processes. Rows of random tokens, every token trained (as paratrain's
 synthetic-text source).
 
+With lora.enabled=false, plain full training (issue 15's baseline): the weights in fp32 under
+bf16 autocast (paratrain's bf16), AdamW on all of them; train.compile=true adds what a user
+adds by hand, torch.compile on each decoder layer, and train.fused_optimizer=true fused AdamW.
+
     python -m torch.distributed.run --standalone --nproc-per-node=N \
         -m paratrain.bench.peers.hf_lora CONFIG_YAML OUT_DIR
 """
@@ -54,23 +58,33 @@ def main() -> None:
         **SHAPES[cfg.model.shape], attn_implementation=cfg.model.attn_implementation
     )
     config.use_cache = False
-    with building(dtype, device):  # init on the GPU in bf16: 8B in fp32 on the host is 32 GB
+    full = not cfg.lora.enabled
+    # full training keeps fp32 master weights (autocast computes in bf16); LoRA's frozen base
+    # lives in the autocast dtype
+    with building(torch.float32 if full else dtype, device):
         model = LlamaForCausalLM(config)
-    lora = LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lora)
+    if not full:
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+        if not full:
+            model.enable_input_require_grads()
+    if cfg.train.compile:
+        for layer in model.model.layers if full else model.base_model.model.model.layers:
+            layer.compile()
     if dist.is_initialized():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.train.lr,
+        fused=cfg.train.fused_optimizer or None,
     )
 
     batch, length = cfg.data.batch_size, cfg.data.max_length

@@ -188,25 +188,34 @@ class CausalLMSpec:
         return {f"{prefix}.{k}" if prefix else k: v for k, v in plan.items()}
 
     def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float:
-        """Training FLOPs per token.
+        """Training FLOPs per token (FLOPS_FORMULA).
 
         Full training: 6N (2N forward, 4N backward: gradients for activations and for weights;
         PaLM, Chowdhery et al. 2022, App. B) plus attention 12 * layers * hidden * seq_len.
         LoRA: the frozen weights need no weight gradients, so 4N (2N forward, 2N for activation
         gradients) plus the same attention term (its score/value products have no weights and
         run forward and backward whatever is trained), plus 6 x the adapters' own parameters.
-        N counts non-embedding parameters of the base model (the embedding lookup is not a
-        matmul).
+        N counts the weights of the base model's matmuls: every parameter but the embedding
+        table (a lookup, not a matmul), and the lm_head's vocabulary x hidden matmul also when
+        it shares the embedding's weight (tied, as Llama-3.2-1B's): one tensor, two uses.
         """
         inner = base_model(model)
         cfg = inner.config
         embed = cfg.vocab_size * cfg.hidden_size
         base = sum(p.numel() for n, p in inner.named_parameters() if "lora_" not in n) - embed
+        if getattr(cfg, "tie_word_embeddings", False):
+            base += embed  # the lm_head matmul, whose weight named_parameters lists once
         attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
         if not lora:
             return 6 * base + attention
         adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
         return 4 * base + attention + 6 * adapters
+
+
+FLOPS_FORMULA = (
+    "full: 6N + 12*layers*hidden*seq_len; LoRA: 4N + 12*layers*hidden*seq_len + 6*adapters; "
+    "N = matmul weights (all parameters but the embedding table; a tied lm_head counted)"
+)
 
 
 def _cut(model: nn.Module, keep: set[int], first: bool, last: bool) -> None:

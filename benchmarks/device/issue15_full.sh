@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 15 on one H200: full training of the Llama-3.2-1B shape (random init, bf16 autocast over
+# fp32 weights, batch 4 x 2,048 tokens, AdamW), paratrain's variants beside the plain
+# transformers loop (eager; and compiled per decoder layer with fused AdamW, what a user adds by
+# hand), all in one lease. MODE=speed: the rows; MODE=profile: one profiled paratrain row
+# (profile.txt back). VARIANTS picks paratrain rows by name.
+#   device run (kind nvidia-h200, carry .whl .commit):  bash benchmarks/device/issue15_full.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; STEPS=${STEPS:-30}; LEN=${LEN:-2048}; BATCH=${BATCH:-4}
+MODE=${MODE:-speed}; PLAIN=${PLAIN:-eager compiled}
+VARIANTS=${VARIANTS:-"compiled compiled_chunked compiled_chunked_noguard"}
+{ nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+BASE="data.source=synthetic-text model.init=random model.shape=$SHAPE device=$DEV data.num_workers=0 data.max_length=$LEN data.batch_size=$BATCH train.max_steps=$STEPS train.warmup_steps=10 log.progress=false lora.enabled=false precision=bf16 checkpoint.at_end=false train.eval=false ${EXTRA:-}"
+sets() { for s in $BASE "$@"; do printf -- '--set %s ' "$s"; done; }
+declare -A V=(
+  [eager]=""
+  [compiled]="train.compile=true train.fused_optimizer=true"
+  [compiled_chunked]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024"
+  [compiled_chunked_noguard]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.max_bad_steps=-1"
+  [compiled_ac]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.activation_checkpointing=true"
+)
+row() {  # name result.json
+  python3 - "$1" "$2" <<'PY' | tee -a "$OUT/rows.txt"
+import json, sys
+r = json.load(open(sys.argv[2])); s = r["summary"]
+mfu = s.get("mfu"); mfu = f"{mfu:.1%}" if mfu else "-"
+print(f"{sys.argv[1]:<34} {s['tokens_per_s']:>10,.0f} tokens/s  {s['step_time_s']*1000:7.1f} ms/step  MFU {mfu:>6}  peak {s['peak_memory_bytes']/2**30:6.1f} GiB  loss {s['train_loss']:.4f}")
+PY
+}
+plain() {  # eager | compiled
+  local extra=""; [ "$1" = compiled ] && extra="train.compile=true train.fused_optimizer=true"
+  python3 -m paratrain run $(sets $extra) --print-config > /tmp/plain_$1.yaml
+  timeout 240 python3 -m paratrain.bench.peers.hf_lora /tmp/plain_$1.yaml /tmp/plain_$1 > /tmp/plain_$1.log 2>&1 || tail -5 /tmp/plain_$1.log
+  # the peer writes no MFU: the same FLOPs per token as paratrain's row
+  python3 - /tmp/plain_$1/result.json <<'PY'
+import json, sys
+p = sys.argv[1]; r = json.load(open(p)); s = r["summary"]
+s.setdefault("mfu", None); json.dump(r, open(p, "w"))
+PY
+  row "plain transformers ($1)" /tmp/plain_$1/result.json
+}
+pt() {  # name [more settings]
+  local n=$1; shift
+  rm -rf /tmp/pt_$n
+  timeout 300 python3 -m paratrain run $(sets ${V[$n]} "$@") --output-dir /tmp/pt_$n > /tmp/pt_$n.log 2>&1 || tail -5 /tmp/pt_$n.log
+  grep "^paratrain: " /tmp/pt_$n.log | head -3 >> "$OUT/lines.txt"
+  row "paratrain $n" /tmp/pt_$n/result.json
+  cp /tmp/pt_$n/result.json "$OUT/pt_$n.json" 2>/dev/null
+}
+if [ "$MODE" = profile ]; then
+  name=${VARIANTS%% *}
+  rm -rf /tmp/pt_prof; timeout 300 python3 -m paratrain run $(sets ${V[$name]} train.profile_steps=3) --output-dir /tmp/pt_prof > /tmp/pt_prof.log 2>&1 || tail -5 /tmp/pt_prof.log
+  cp /tmp/pt_prof/profile*.txt /tmp/pt_prof/result.json "$OUT/" 2>/dev/null; ls /tmp/pt_prof
+  exit 0
+fi
+for p in $PLAIN; do plain $p; done
+for v in $VARIANTS; do pt $v; done
+for p in $PLAIN; do [ -f /tmp/plain_$p/result.json ] && cp /tmp/plain_$p/result.json "$OUT/plain_$p.json"; done
