@@ -53,8 +53,8 @@ class CheckpointConfig:
     continue from; `auto`: this run's own newest good checkpoint, or a fresh start when it has
     none (a restarted worker does this by itself). It may come from another layout (degrees,
     process count): the weights and optimizer state are resharded on load."""
-    async_mode: str = "off"
-    """`off`: the step waits until the checkpoint is on disk. `async`: the step waits only for
+    async_mode: str = "none"
+    """`none`: the step waits until the checkpoint is on disk. `async`: the step waits only for
     the state's copy to host memory; a thread writes it (DCP async_save) while training goes
     on, and the checkpoint appears (manifest, rename) when the write is done. `pinned`: the
     same through page-locked host memory, kept between saves (faster copies from a GPU, that
@@ -62,8 +62,8 @@ class CheckpointConfig:
     run, wait for it."""
 
     def __post_init__(self) -> None:
-        if self.async_mode not in ("off", "async", "pinned"):
-            raise ValueError(f"async_mode: one of off, async, pinned; got {self.async_mode!r}")
+        if self.async_mode not in ("none", "async", "pinned"):
+            raise ValueError(f"async_mode: one of none, async, pinned; got {self.async_mode!r}")
         if self.every_steps < 0:
             raise ValueError(f"every_steps: must be >= 0, got {self.every_steps}")
         if self.keep < 0:
@@ -224,7 +224,7 @@ class AsyncSaves:
         self.error: BaseException | None = None
         self.group = None
         self.stager = None
-        if mode == "off":
+        if mode == "none":
             return
         if dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
@@ -277,7 +277,7 @@ def save_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    background = saves is not None and saves.mode != "off"
+    background = saves is not None and saves.mode != "none"
     if background:
         saves.wait()  # one in flight: the previous checkpoint is complete before this one
     _, options = _options(model)
