@@ -2,8 +2,8 @@
 # Issue 15 on one H200: full training of the Llama-3.2-1B shape (random init, bf16 autocast over
 # fp32 weights, batch 4 x 2,048 tokens, AdamW), paratrain's variants beside the plain
 # transformers loop (eager; and compiled per decoder layer with fused AdamW, what a user adds by
-# hand), all in one lease. MODE=speed: the rows; MODE=profile: one profiled paratrain row
-# (profile.txt back). VARIANTS picks paratrain rows by name.
+# hand), all in one lease. PROFILE=<variant>: that row profiled first (profile.txt back);
+# VARIANTS picks paratrain rows by name, PLAIN the plain loop's (eager, compiled; "" none).
 #   device run (kind nvidia-h200, carry .whl .commit):  bash benchmarks/device/issue15_full.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; STEPS=${STEPS:-30}; LEN=${LEN:-2048}; BATCH=${BATCH:-4}
-MODE=${MODE:-speed}; PLAIN=${PLAIN:-eager compiled}
+PLAIN=${PLAIN-eager compiled}
 VARIANTS=${VARIANTS:-"compiled compiled_chunked compiled_chunked_noguard"}
 { nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
@@ -22,6 +22,10 @@ declare -A V=(
   [compiled]="train.compile=true train.fused_optimizer=true"
   [compiled_chunked]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024"
   [compiled_chunked_noguard]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.max_bad_steps=-1"
+  [compiled_liger_loss]="train.compile=true train.fused_optimizer=true model.kernels=liger-loss"
+  [compiled_cudnn]="train.compile=true train.fused_optimizer=true train.sdpa_backend=cudnn"
+  [compiled_fp8]="train.compile=true train.fused_optimizer=true model.fp8=rowwise"
+  [compiled_fp8_tensorwise]="train.compile=true train.fused_optimizer=true model.fp8=tensorwise"
   [compiled_ac]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.activation_checkpointing=true"
 )
 row() {  # name result.json
@@ -52,11 +56,9 @@ pt() {  # name [more settings]
   row "paratrain $n" /tmp/pt_$n/result.json
   cp /tmp/pt_$n/result.json "$OUT/pt_$n.json" 2>/dev/null
 }
-if [ "$MODE" = profile ]; then
-  name=${VARIANTS%% *}
-  rm -rf /tmp/pt_prof; timeout 300 python3 -m paratrain run $(sets ${V[$name]} train.profile_steps=3) --output-dir /tmp/pt_prof > /tmp/pt_prof.log 2>&1 || tail -5 /tmp/pt_prof.log
-  cp /tmp/pt_prof/profile*.txt /tmp/pt_prof/result.json "$OUT/" 2>/dev/null; ls /tmp/pt_prof
-  exit 0
+if [ -n "${PROFILE:-}" ]; then  # one profiled row first: PROFILE=<variant>
+  rm -rf /tmp/pt_prof; timeout 300 python3 -m paratrain run $(sets ${V[$PROFILE]} train.profile_steps=3) --output-dir /tmp/pt_prof > /tmp/pt_prof.log 2>&1 || tail -5 /tmp/pt_prof.log
+  mkdir -p "$OUT/profile_$PROFILE"; cp /tmp/pt_prof/profile*.txt /tmp/pt_prof/result.json "$OUT/profile_$PROFILE/" 2>/dev/null; ls /tmp/pt_prof
 fi
 for p in $PLAIN; do plain $p; done
 for v in $VARIANTS; do pt $v; done
