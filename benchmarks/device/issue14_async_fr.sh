@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 14's GPU-only parts on one H200: (1) how long training waits for a checkpoint with
 # checkpoint.async_mode off / async / pinned (a Llama-3.2-1B-shaped model cut to 4 layers,
-# full training, bf16: ~6 GB of weights and AdamW state per save, 2 saves per run); the async
-# checkpoints checked equal to the waited ones. (2) NCCL's flight recorder: one NCCL rank's
+# full training, bf16: ~6.7 GB of weights and AdamW state per save, saves 300 steps apart, 2 per
+# run); the newest checkpoints compared (the GPU runs are not deterministic: close, not equal). (2) NCCL's flight recorder: one NCCL rank's
 # recorder dumped through paratrain.flight and read back by `paratrain flight`.
 #   device run (kind nvidia-h200, carry .whl .commit):  bash benchmarks/device/issue14_async_fr.sh
 set -uo pipefail
@@ -10,10 +10,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
-DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; LAYERS=${LAYERS:-4}; STEPS=${STEPS:-20}
+DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; LAYERS=${LAYERS:-4}; STEPS=${STEPS:-610}; EVERY=${EVERY:-300}
 { nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "commit $PARATRAIN_COMMIT"; df -h /tmp | tail -1; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-C="--set data.source=synthetic-text --set model.init=random --set model.shape=$SHAPE --set model.layers=$LAYERS --set device=$DEV --set data.num_workers=0 --set data.max_length=2048 --set data.batch_size=4 --set train.max_steps=$STEPS --set train.warmup_steps=5 --set log.progress=false --set lora.enabled=false --set precision=bf16 --set train.eval=false --set checkpoint.every_steps=10 --set checkpoint.keep=1 --set checkpoint.at_end=false"
+C="--set data.source=synthetic-text --set model.init=random --set model.shape=$SHAPE --set model.layers=$LAYERS --set device=$DEV --set data.num_workers=0 --set data.max_length=2048 --set data.batch_size=4 --set train.max_steps=$STEPS --set train.warmup_steps=5 --set log.progress=false --set lora.enabled=false --set precision=bf16 --set train.eval=false --set checkpoint.every_steps=$EVERY --set checkpoint.keep=1 --set checkpoint.at_end=false"
 MODES=${MODES:-none async pinned}
 [ "$DEV" = cpu ] && MODES="none async"
 for mode in $MODES; do
@@ -22,7 +22,7 @@ for mode in $MODES; do
   python3 - /tmp/ck_$mode/result.json $mode <<'PY' | tee -a "$OUT/async_save.txt"
 import json, sys
 s = json.load(open(sys.argv[1]))["summary"]; c = s["checkpoint"]
-print(f"async_mode={sys.argv[2]:<7} {c['saves']} saves, training waited {c['blocking_s']:.2f} s ({c['blocking_s']/max(c['saves'],1):.2f} s per save); {s['tokens_per_s']:,.0f} tokens/s, wall {s['wall_s']:.1f} s")
+print(f"async_mode={sys.argv[2]:<7} {c['saves']} saves, the steps waited {c['blocking_s']:.2f} s ({c['blocking_s']/max(c['saves'],1):.2f} s per save), the end {c['end_wait_s']:.2f} s; {s['tokens_per_s']:,.0f} tokens/s, wall {s['wall_s']:.1f} s")
 PY
   du -sh /tmp/ck_$mode/checkpoints/* 2>/dev/null | tail -1 | tee -a "$OUT/async_save.txt"
 done

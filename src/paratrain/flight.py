@@ -26,14 +26,12 @@ def enable(entries: int, folder: Path | None, cuda: bool) -> None:
     user's own settings win."""
     if entries <= 0:
         return
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        os.environ.setdefault(key, str(entries))
+    # (torch 2.11 and later read the FR names for NCCL too; the NCCL_ ones are deprecated)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(entries))
     if cuda:
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
-            os.environ.setdefault(key, str(folder / PREFIX))
+    if folder is not None:  # made by setup once the run's checks have passed
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / PREFIX))
 
 
 def dump(folder: Path, rank: int, backend: str | None) -> Path | None:

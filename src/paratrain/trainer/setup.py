@@ -75,8 +75,11 @@ class Run:
     tp ranks before each optimizer step), else empty."""
     saves: AsyncSaves | None = None
     """checkpoint.async_mode: the save in flight."""
-    checkpoint_stats: dict = field(default_factory=lambda: {"saves": 0, "blocking_s": 0.0})
-    """Checkpoints written by this run and the time training waited for them."""
+    checkpoint_stats: dict = field(
+        default_factory=lambda: {"saves": 0, "blocking_s": 0.0, "end_wait_s": 0.0}
+    )
+    """Checkpoints written by this run, the time its steps waited for them, and (async) the
+    time the end of the run waited for the last write."""
 
     @property
     def redundant(self) -> bool:
@@ -132,7 +135,7 @@ class Run:
         if self.saves is not None:
             began = time.perf_counter()
             self.saves.close()
-            self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
+            self.checkpoint_stats["end_wait_s"] += time.perf_counter() - began
 
 
 def setup(cfg, env: pg.DistEnv) -> Run:
@@ -146,6 +149,8 @@ def setup(cfg, env: pg.DistEnv) -> Run:
 
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    if env.is_main and cfg.dist.flight_recorder and env.world_size > 1:
+        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)  # NCCL dumps here
 
     # ---- determinism and kernels
     seed_all(cfg.seed)  # same seed everywhere: identical initial weights on every rank
