@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14's GPU-only parts on one H200: (1) how long training waits for a checkpoint with
-# checkpoint.async_mode off / async / pinned (a Llama-3.2-1B-shaped model cut to 4 layers,
+# checkpoint.async_mode none / async (a Llama-3.2-1B-shaped model cut to 4 layers,
 # full training, bf16: ~6.7 GB of weights and AdamW state per save, saves 300 steps apart, 2 per
 # run); the newest checkpoints compared (the GPU runs are not deterministic: close, not equal). (2) NCCL's flight recorder: one NCCL rank's
 # recorder dumped through paratrain.flight and read back by `paratrain flight`.
@@ -14,7 +14,7 @@ DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; LAYERS=${LAYERS:-4}; STEPS=${STEP
 { nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "commit $PARATRAIN_COMMIT"; df -h /tmp | tail -1; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 C="--set data.source=synthetic-text --set model.init=random --set model.shape=$SHAPE --set model.layers=$LAYERS --set device=$DEV --set data.num_workers=0 --set data.max_length=2048 --set data.batch_size=4 --set train.max_steps=$STEPS --set train.warmup_steps=5 --set log.progress=false --set lora.enabled=false --set precision=bf16 --set train.eval=false --set checkpoint.every_steps=$EVERY --set checkpoint.keep=1 --set checkpoint.at_end=false"
-MODES=${MODES:-none async pinned}
+MODES=${MODES:-none async}
 [ "$DEV" = cpu ] && MODES="none async"
 for mode in $MODES; do
   rm -rf /tmp/ck_$mode

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from paratrain.errors import UserError
+from paratrain.errors import UserError, one_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"paratrain: error: {e}", file=sys.stderr)
+        print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)

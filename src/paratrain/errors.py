@@ -21,6 +21,17 @@ class UserError(ValueError):
     pass
 
 
+def one_line(e: BaseException) -> str:
+    """A UserError's line. Raised in a DataLoader worker process, it comes back wrapped in that
+    worker's traceback text ("Caught DataError in DataLoader worker process 0. Original
+    Traceback ..."): its own line is the last one."""
+    text = str(e)
+    if "Original Traceback" not in text:
+        return text
+    last = [x for x in text.splitlines() if x.strip()][-1]
+    return last.split("Error: ", 1)[1] if "Error: " in last else last
+
+
 def exit_code(fn: Callable[[], object]) -> int:
     """Run fn in a torchrun worker; a UserError becomes exit code 2 and its one line: left in
     $PARATRAIN_ERROR_DIR for the launching paratrain to print once, else printed here. A
@@ -32,9 +43,9 @@ def exit_code(fn: Callable[[], object]) -> int:
     except UserError as e:
         if where:
             rank = int(os.environ.get("RANK", "0"))
-            (Path(where) / f"rank_{rank:05d}.txt").write_text(str(e))
+            (Path(where) / f"rank_{rank:05d}.txt").write_text(one_line(e))
         else:
-            print(f"paratrain: error: {e}", file=sys.stderr)
+            print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception:
         if where and any(Path(where).glob("rank_*.txt")):

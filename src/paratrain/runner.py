@@ -31,11 +31,6 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
         raise UserError(
             "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
         )
-    if not cuda and cfg.checkpoint.async_mode == "pinned":
-        raise UserError(
-            "checkpoint.async_mode: pinned stages through page-locked memory for a GPU's "
-            "copies; on the CPU use async"
-        )
     if cuda and cfg.multiprocess and nproc > torch.cuda.device_count():
         raise UserError(
             f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
@@ -94,14 +89,17 @@ def execute(cfg: RunConfig) -> int:
 
     cfg.output_dir = cfg.output_dir or default_output_dir(cfg.name)
     cfg.launch.nproc = nproc
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.yaml"
-    config_path.write_text(to_yaml(cfg))
-    argv = launch.torchrun_argv(cfg.launch, nproc, config_path)
-    print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="paratrain-errors-") as errors:
-        os.environ[ERROR_DIR] = errors  # the workers inherit it
+    # The workers read the resolved config from a folder of this launch's own: the run
+    # folder's config.yaml is written by rank 0 once the run's checks have passed (a refused
+    # resume or a folder of another run must leave it as it was).
+    with tempfile.TemporaryDirectory(prefix="paratrain-launch-") as launch_dir:
+        config_path = Path(launch_dir) / "config.yaml"
+        config_path.write_text(to_yaml(cfg))
+        argv = launch.torchrun_argv(cfg.launch, nproc, config_path)
+        print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
+        errors = Path(launch_dir) / "errors"
+        errors.mkdir()
+        os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
         try:
             launch.run_torchrun(argv)
         except Exception as e:  # torchrun's ChildFailedError

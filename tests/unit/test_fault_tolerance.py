@@ -203,8 +203,3 @@ def test_an_async_checkpoint_equals_a_waited_one_and_appears_complete(four_steps
         assert a["loop"] == b["loop"]
         assert max_abs_diff(a["model"], b["model"]) == 0.0
         assert a["optimizer"].keys() == b["optimizer"].keys()
-
-
-def test_pinned_async_checkpoints_are_for_a_gpu(tmp_path, capsys):
-    assert cli(tmp_path / "p", "checkpoint.async_mode=pinned") == 2
-    one_error_line(capsys, "checkpoint.async_mode")

@@ -172,7 +172,10 @@ class FolderImages(Dataset):
         from torchvision.transforms.functional import pil_to_tensor
 
         path, label = self.folder.samples[i]
-        image = self.folder.loader(path).convert(self.mode)
+        try:
+            image = self.folder.loader(path).convert(self.mode)
+        except OSError as e:  # PIL's UnidentifiedImageError and truncated files are OSErrors
+            raise DataError(f"data.path: {path} is not an image that can be read ({e})") from None
         return pil_to_tensor(image), label
 
 

@@ -91,6 +91,10 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise UserError(f"model.name: cannot import {module_name!r} ({e})") from None
+    except Exception as e:  # the user's module itself fails: a syntax error, a raise at import
+        raise UserError(
+            f"model.name: importing {module_name!r} failed: {type(e).__name__}: {e}"
+        ) from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise UserError(f"model.name: {module_name} has no function {fn_name!r}")
@@ -98,7 +102,13 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
 
 
 def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Module:
-    model = resolve_builder(cfg.name)(num_classes=num_classes, in_channels=in_channels)
+    builder = resolve_builder(cfg.name)
+    try:
+        model = builder(num_classes=num_classes, in_channels=in_channels)
+    except Exception as e:
+        if cfg.name in MODELS:  # paratrain's own builders: a bug, with its traceback
+            raise
+        raise UserError(f"model.name: {cfg.name} raised {type(e).__name__}: {e}") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
     apply_depthwise_conv(model, cfg)

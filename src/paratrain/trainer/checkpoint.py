@@ -56,14 +56,14 @@ class CheckpointConfig:
     async_mode: str = "none"
     """`none`: the step waits until the checkpoint is on disk. `async`: the step waits only for
     the state's copy to host memory; a thread writes it (DCP async_save) while training goes
-    on, and the checkpoint appears (manifest, rename) when the write is done. `pinned`: the
-    same through page-locked host memory, kept between saves (faster copies from a GPU, that
-    much host memory held). One save in flight at a time: the next one, and the end of the
-    run, wait for it."""
+    on, and the checkpoint appears (manifest, rename) when the write is done. One save in
+    flight at a time: the next one, and the end of the run, wait for it. (Staging through
+    pinned memory, DCP's DefaultStager, failed on torch 2.11 with a deepcopy KeyError; not
+    offered.)"""
 
     def __post_init__(self) -> None:
-        if self.async_mode not in ("none", "async", "pinned"):
-            raise ValueError(f"async_mode: one of none, async, pinned; got {self.async_mode!r}")
+        if self.async_mode not in ("none", "async"):
+            raise ValueError(f"async_mode: none or async, got {self.async_mode!r}")
         if self.every_steps < 0:
             raise ValueError(f"every_steps: must be >= 0, got {self.every_steps}")
         if self.keep < 0:
@@ -213,25 +213,17 @@ def _barrier() -> None:
 
 
 class AsyncSaves:
-    """checkpoint.async_mode: the checkpoint in flight, and what async saves share (a gloo
-    group of their own: the writer thread's collectives must not interleave with training's
-    on the default group; the pinned-memory stager kept between saves). Made on every rank
-    (collective)."""
+    """checkpoint.async_mode: the checkpoint in flight, and a gloo group of its own (the writer
+    thread's collectives must not interleave with training's on the default group). Made on
+    every rank (collective)."""
 
     def __init__(self, mode: str):
         self.mode = mode
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.group = None
-        self.stager = None
-        if mode == "none":
-            return
-        if dist.is_initialized():
+        if mode != "none" and dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
-        if mode == "pinned":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(True, False, False, False))
 
     def start(self, work) -> None:
         def run():
@@ -255,9 +247,6 @@ class AsyncSaves:
 
     def close(self) -> None:
         self.wait()
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
 
 
 def save_checkpoint(
@@ -314,7 +303,6 @@ def save_checkpoint(
         tensors,
         checkpoint_id=tmp,
         process_group=saves.group,
-        async_stager=saves.stager,
         no_dist=not dist.is_initialized(),
     )
 

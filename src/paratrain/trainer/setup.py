@@ -144,13 +144,6 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     ckpt_dir = checkpoint_dir(cfg, out_dir)
     if not restarted() and not cfg.checkpoint.resume:
         refuse_other_run(ckpt_dir)
-    if env.is_main and not restarted():  # a restarted generation keeps what the first wrote
-        from paratrain.config import to_yaml
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(to_yaml(cfg))
-    if env.is_main and cfg.dist.flight_recorder and env.world_size > 1:
-        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)  # NCCL dumps here
 
     # ---- determinism and kernels
     seed_all(cfg.seed)  # same seed everywhere: identical initial weights on every rank
@@ -259,6 +252,15 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         start = resolve_resume(cfg.checkpoint.resume, ckpt_dir)
     if start is not None:
         resume(run, start)
+    # The run folder's config.yaml once every check has passed (a refused resume leaves an
+    # earlier run's as it was); a restarted generation keeps what the first wrote.
+    if env.is_main and not restarted():
+        from paratrain.config import to_yaml
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    if env.is_main and cfg.dist.flight_recorder and env.world_size > 1:
+        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)  # NCCL dumps here
     return run
 
 
