@@ -4,6 +4,7 @@
 # transformers loop (eager; and compiled per decoder layer with fused AdamW, what a user adds by
 # hand), all in one lease. PROFILE=<variant>: that row profiled first (profile.txt back);
 # VARIANTS picks paratrain rows by name, PLAIN the plain loop's (eager, compiled; "" none).
+# The 8B shape in full on one GPU: SHAPE=llama3-8b BATCH=2 STEPS=16 PLAIN="" VARIANTS="8b_...".
 #   device run (kind nvidia-h200, carry .whl .commit):  bash benchmarks/device/issue15_full.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -26,6 +27,9 @@ declare -A V=(
   [compiled_cudnn]="train.compile=true train.fused_optimizer=true train.sdpa_backend=cudnn"
   [compiled_fp8]="train.compile=true train.fused_optimizer=true model.fp8=rowwise"
   [compiled_fp8_tensorwise]="train.compile=true train.fused_optimizer=true model.fp8=tensorwise"
+  [8b_adamw_ac]="train.activation_checkpointing=true model.loss_chunk_tokens=1024 train.fused_optimizer=true"
+  [8b_adamw8bit_ac]="train.compile=true train.optimizer=adamw8bit train.activation_checkpointing=true model.loss_chunk_tokens=1024"
+  [8b_adamw8bit]="train.compile=true train.optimizer=adamw8bit model.loss_chunk_tokens=1024"
   [compiled_ac]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.activation_checkpointing=true"
 )
 row() {  # name result.json

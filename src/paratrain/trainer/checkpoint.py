@@ -436,9 +436,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(unsafe)
     _, empty_planner = integrity.safe_planners()
     state: dict[str, Any] = {}  # filled in place, as format_utils.dcp_to_torch_save does
-    _load_state_dict(
-        state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
-    )
+    with integrity.trusted():
+        _load_state_dict(
+            state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
+        )
     state.update(_load_plain(path / _TRAIN_STATE))
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank*.pt"))]
     return state

@@ -13,8 +13,10 @@ class TrainConfig:
     """Passes over the training set (each rank's share of it, for ddp-rr / ddp-ds)."""
     max_steps: int | None = None
     """Run exactly this many optimizer steps (as many epochs as that takes), whatever epochs says."""
-    optimizer: Literal["sgd", "adamw"] = "adamw"
-    """sgd (with momentum) or adamw."""
+    optimizer: Literal["sgd", "adamw", "adamw8bit", "adamw4bit", "adamw-fp8"] = "adamw"
+    """sgd (with momentum) or adamw; adamw8bit / adamw4bit / adamw-fp8: AdamW with its two
+    states held in 8 bits, 4 bits or float8 (torchao.optim: block-wise scaled, 2 / 1 / 2 bytes
+    per parameter instead of 8), what lets a large model's full training fit on fewer GPUs."""
     fused_optimizer: bool = False
     """The optimizer's fused implementation (one kernel per parameter group and step, fewer
     launches) instead of PyTorch's default foreach one; same update."""
@@ -99,11 +101,19 @@ class TrainConfig:
         return {"options": {**list_mode_options(self.compile_mode), **self.compile_options}}
 
 
+LOW_BIT = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "adamw-fp8": "AdamWFp8"}
+
+
 def build_optimizer(params, tc: TrainConfig):
     """The optimizer tc names, for paratrain's loop and the reference programs alike."""
     import torch
 
     fused = tc.fused_optimizer or None  # None: PyTorch's default (foreach on CUDA)
+    if tc.optimizer in LOW_BIT:  # torchao compiles each state's update itself
+        import torchao.optim
+
+        kind = getattr(torchao.optim, LOW_BIT[tc.optimizer])
+        return kind(params, lr=tc.lr, weight_decay=tc.weight_decay)
     if tc.optimizer == "sgd":
         return torch.optim.SGD(
             params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay, fused=fused

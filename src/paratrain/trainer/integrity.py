@@ -122,10 +122,31 @@ def unsafe_metadata(folder: Path) -> str | None:
     return None
 
 
-def checked_bytes(value: io.BytesIO) -> io.BytesIO:
-    """A DCP non-tensor value, refused unless torch.load(weights_only=True) reads it."""
+def _trusted_classes() -> list:
+    """Tensor subclasses a checkpoint may hold as values: torchao's low-bit optimizer states
+    (train.optimizer=adamw8bit / adamw4bit / adamw-fp8), rebuilt from their tensors and
+    sizes alone."""
     try:
-        torch.load(value, weights_only=True)
+        from torchao.optim.subclass_4bit import OptimState4bit
+        from torchao.optim.subclass_8bit import OptimState8bit
+        from torchao.optim.subclass_fp8 import OptimStateFp8
+    except ImportError:
+        return []
+    return [OptimState4bit, OptimState8bit, OptimStateFp8]
+
+
+def trusted():
+    """torch.load(weights_only=True) with _trusted_classes allowed (DCP's reader on newer torch
+    loads byte values that way itself)."""
+    return torch.serialization.safe_globals(_trusted_classes())
+
+
+def checked_bytes(value: io.BytesIO) -> io.BytesIO:
+    """A DCP non-tensor value, refused unless torch.load(weights_only=True) reads it (with
+    only _trusted_classes added)."""
+    try:
+        with trusted():
+            torch.load(value, weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpoint(str(e).splitlines()[0][:200]) from None
     value.seek(0)

@@ -80,7 +80,10 @@ def lr_at(step: int, total_steps: int, tc) -> float:
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep it a tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 @contextlib.contextmanager
