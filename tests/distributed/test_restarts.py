@@ -62,7 +62,12 @@ def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
         port = s.getsockname()[1]
     run_cli(args(tmp_path / "one-node"))
     out = tmp_path / "two-nodes"
-    cmd = [sys.executable, "-m", "paratrain", *map(str, args(out, "launch.max_restarts=1"))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        *map(str, args(out, "launch.max_restarts=1", "log.every_steps=1")),
+    ]
     cmd[cmd.index("--nproc") + 1] = "1"
     env = {**__import__("os").environ, "PARATRAIN_FAULTS": "kill:rank=1:step=3"}
     nodes = [
@@ -80,3 +85,10 @@ def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
     assert any("step_00000002 at step 2" in log for log in logs)
     a, b = final_weights(tmp_path / "one-node"), final_weights(out)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    # the step log of a DDP run: rank 0's gradient norm is the job's (DDP averaged them); the
+    # restarted generation appended to it from its checkpoint's step
+    import json
+
+    points = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points][-3:] == [4, 5, 6], points
+    assert all(p["grad_norm"] > 0 and p["tokens_per_s"] > 0 for p in points), points

@@ -145,7 +145,14 @@ class LogConfig:
     progress: bool = True
     """Rank 0 shows a progress bar with throughput and ETA."""
     every_steps: int = 10
-    """Refresh the loss shown on the bar every N steps (each refresh syncs the device)."""
+    """Refresh the loss shown on the bar, and write a point of the step log, every N steps
+    (each point syncs rank 0's device once)."""
+    steps: bool = True
+    """The step log: <output_dir>/steps.jsonl (loss, lr, gradient norm, throughput, memory,
+    loss scale every every_steps)."""
+    tensorboard: bool = True
+    """The same as TensorBoard events in <output_dir>/tensorboard/ (when the tensorboard package
+    is installed)."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:

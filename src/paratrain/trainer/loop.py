@@ -31,6 +31,7 @@ from paratrain.trainer.measure import (
 )
 from paratrain.trainer.setup import Run, deterministic_env, setup
 from paratrain.trainer.step import train_step
+from paratrain.trainer.steplog import StepLog, memory_in_use
 from paratrain.trainer.watchdog import StallMeter, Watchdog
 
 
@@ -79,6 +80,14 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     run_start = time.perf_counter()
     has_loss = run.pipe is None or run.pipe.last  # a pipeline's loss lives on its last stage
     stalls = StallMeter(cfg.dist.watchdog_s)  # steps far slower than usual, out of throughput
+    steplog = StepLog(
+        run.out_dir, env.is_main and cfg.log.steps, cfg.log.tensorboard, resumed=start_step > 0
+    )
+    lm = cfg.task == "causal_lm"
+    copies = 1 if run.redundant else run.dims.dp_size  # tokens: rank 0's, times the replicas
+
+    def trained_units() -> float:
+        return float(meter.tokens.item()) * copies if lm else state.step * run.unique_per_step
 
     # ================================================================ the loop
     gc_pause(tc.gc_every_steps)
@@ -90,6 +99,8 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         batches = iter(work.train)
         clock.resume()
+        if steplog.enabled:
+            steplog.start(state.step, 0.0, clock.elapsed(), trained_units())
         while state.step_in_epoch < run.steps_per_epoch and state.step < run.total_steps:
             if state.step - start_step == tc.warmup_steps:
                 profiler.start()  # when asked for: the steps right after warm-up
@@ -119,6 +130,18 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
                 progress.update(state.step, rate, loss_sum.item() / done if has_loss else None)
             else:
                 progress.update(state.step)
+            if steplog.enabled and state.step % cfg.log.every_steps == 0:
+                steplog.point(
+                    state.step,
+                    loss_sum=loss_sum.item() if has_loss else None,
+                    seconds=clock.elapsed(),
+                    units=trained_units(),
+                    unit="tokens" if lm else "samples",
+                    lr=lr_at(state.step - 1, run.total_steps, tc),
+                    grad_norm=float(run.grad_norm) if run.grad_norm is not None else None,
+                    memory_bytes=memory_in_use(device),
+                    loss_scale=run.scaler.get_scale() if run.scaler is not None else None,
+                )
             every = cfg.checkpoint.every_steps
             saving = time.perf_counter()
             if every and state.step % every == 0 and state.step < run.total_steps:
@@ -168,6 +191,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     # ================================================================ end of loop
 
     progress.close()
+    steplog.close()
     profiler.stop()  # a run too short to reach its measured steps
     telemetry = pg.all_gather_object(gpu.stop())
     run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
@@ -175,6 +199,10 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         run.save()
     run.finish_saves()
     artifacts = work.finish(run.model, run.out_dir) if work.finish is not None else {}
+    if steplog.enabled:
+        artifacts["steps"] = str(steplog.path)
+        if steplog.writer is not None:
+            artifacts["tensorboard"] = str(run.out_dir / "tensorboard")
     result = results.build(
         run,
         epochs=epochs,

@@ -75,6 +75,9 @@ class Run:
     tp ranks before each optimizer step), else empty."""
     saves: AsyncSaves | None = None
     """checkpoint.async_mode: the save in flight."""
+    grad_norm: Any = None
+    """The last step's gradient norm (a device tensor) where this rank holds whole gradients
+    (one process, DDP), for the step log; None elsewhere."""
     checkpoint_stats: dict = field(
         default_factory=lambda: {"saves": 0, "blocking_s": 0.0, "end_wait_s": 0.0}
     )

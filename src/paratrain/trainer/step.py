@@ -73,8 +73,13 @@ def finite_everywhere(run, loss: torch.Tensor | None) -> bool:
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards
         # per-tensor norms in a few fused kernels: NaN or inf anywhere makes its norm so
         if grads:
-            norms = torch._foreach_norm(grads)
-            ok = ok * torch.isfinite(torch.stack([n.to(device) for n in norms])).all()
+            norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads)])
+            ok = ok * torch.isfinite(norms).all()
+            # whole gradients here (no sharding): their norm, for the step log (no sync now)
+            whole = (
+                run.wrapper in (None, "ddp", "dp") and not run.dims.tp_enabled and run.pipe is None
+            )
+            run.grad_norm = torch.linalg.vector_norm(norms) if whole else None
     if dist.is_initialized():
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     return bool(ok.item())

@@ -1,0 +1,87 @@
+"""Step-level metrics on rank 0, every log.every_steps: one JSON line per log point in
+<output_dir>/steps.jsonl, and the same scalars as TensorBoard events in <output_dir>/tensorboard/
+(torch.utils.tensorboard, when the tensorboard package is installed; `tensorboard --logdir
+<output_dir>`). What each point holds: the mean loss of the steps since the last point (rank 0's
+micro-batches; a pipeline's loss lives on its last stage and is absent here), the learning
+rate, the gradient norm (where rank 0 holds whole gradients: one process, DDP; absent under
+sharding), throughput over the interval, memory, and the loss scale under fp16."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+class StepLog:
+    def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, resumed: bool):
+        self.enabled = enabled
+        self.path = out_dir / "steps.jsonl"
+        self.writer = None
+        self.last: tuple[int, float, float, float] | None = None  # step, loss sum, time, units
+        if not enabled:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not resumed:  # a resumed run appends to its own log
+            self.path.unlink(missing_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # the tensorboard package is optional
+                self.writer = None
+            else:
+                self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+
+    def start(self, step: int, loss_sum: float, seconds: float, units: float) -> None:
+        """An epoch begins (its sums start from zero) or the run does."""
+        self.last = (step, loss_sum, seconds, units)
+
+    def point(
+        self,
+        step: int,
+        *,
+        loss_sum: float | None,
+        seconds: float,
+        units: float,
+        unit: str,
+        lr: float,
+        grad_norm: float | None,
+        memory_bytes: int | None,
+        loss_scale: float | None,
+    ) -> dict | None:
+        """loss_sum, seconds, units: running totals since start(); -> the record written."""
+        if not self.enabled or self.last is None:
+            return None
+        step0, loss0, t0, units0 = self.last
+        steps = max(step - step0, 1)
+        rate = (units - units0) / max(seconds - t0, 1e-9)
+        record = {
+            "step": step,
+            "loss": (loss_sum - loss0) / steps if loss_sum is not None else None,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            f"{unit}_per_s": rate,
+            "memory_bytes": memory_bytes,
+            "loss_scale": loss_scale,
+            "time": time.time(),
+        }
+        self.last = (step, loss_sum if loss_sum is not None else 0.0, seconds, units)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "time") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"train/{key}", value, step)
+        return record
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def memory_in_use(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return None

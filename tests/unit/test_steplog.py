@@ -1,0 +1,42 @@
+"""The step log: a JSON line every log.every_steps on rank 0, and the same scalars as
+TensorBoard events that tensorboard's own reader reads back."""
+
+import json
+
+import pytest
+from conftest import TINY_LM
+
+from paratrain.config import load_config
+from paratrain.trainer.loop import train
+
+
+def test_step_log_and_tensorboard_hold_the_runs_points(tmp_path):
+    out = tmp_path / "run"
+    settings = [*TINY_LM, "lora.enabled=false", "train.max_steps=6", "log.every_steps=2"]
+    result = train(load_config(None, [*settings, f"output_dir={out}"]))
+    points = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points] == [2, 4, 6]
+    for p in points:
+        assert p["loss"] > 0 and p["lr"] > 0 and p["grad_norm"] > 0 and p["tokens_per_s"] > 0
+    # the points' losses average to the epoch's (6 steps, one epoch)
+    mean = sum(p["loss"] for p in points) / 3
+    assert mean == pytest.approx(result["epochs"][0]["train_loss"], rel=1e-6)
+    assert result["artifacts"]["steps"] == str(out / "steps.jsonl")
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [2, 4, 6]
+    assert [e.value for e in loss] == pytest.approx([p["loss"] for p in points], rel=1e-6)
+    assert "train/grad_norm" in events.Tags()["scalars"]
+
+
+def test_the_step_log_can_be_off(tmp_path):
+    out = tmp_path / "run"
+    settings = [*TINY_LM, "train.max_steps=2", "log.steps=false", "log.tensorboard=false"]
+    result = train(load_config(None, [*settings, f"output_dir={out}"]))
+    assert not (out / "steps.jsonl").exists() and not (out / "tensorboard").exists()
+    assert "steps" not in result["artifacts"]
