@@ -52,6 +52,9 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
         writable_folder(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.output_dir and not cfg.checkpoint.resume and not restarted():
         refuse_other_run(checkpoint_dir(cfg, Path(cfg.output_dir)))
+    resume = cfg.checkpoint.resume
+    if resume and resume != "auto" and not Path(resume).exists():  # before any process starts
+        raise UserError(f"checkpoint.resume: {resume} does not exist")
 
 
 def writable_folder(path: str, key: str) -> None:

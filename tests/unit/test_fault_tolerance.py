@@ -203,3 +203,13 @@ def test_an_async_checkpoint_equals_a_waited_one_and_appears_complete(four_steps
         assert a["loop"] == b["loop"]
         assert max_abs_diff(a["model"], b["model"]) == 0.0
         assert a["optimizer"].keys() == b["optimizer"].keys()
+
+
+def test_resuming_a_finished_run_or_a_missing_path_is_one_line(four_steps, tmp_path, capsys):
+    done = four_steps / "four" / "checkpoints" / "step_00000004"
+    assert cli(tmp_path / "again", "train.max_steps=4", f"checkpoint.resume={done}") == 2
+    one_line = one_error_line(capsys, "nothing to train", "train.max_steps")
+    assert "step 4" in one_line
+    assert cli(tmp_path / "gone", f"checkpoint.resume={tmp_path / 'nowhere'}") == 2
+    one_error_line(capsys, "does not exist")
+    assert not (tmp_path / "gone").exists()  # refused before anything was written

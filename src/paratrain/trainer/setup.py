@@ -255,6 +255,12 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         start = resolve_resume(cfg.checkpoint.resume, ckpt_dir)
     if start is not None:
         resume(run, start)
+        if not restarted() and run.state.step >= total_steps:
+            raise UserError(
+                f"checkpoint.resume: {start} is at step {run.state.step}, where this run ends "
+                f"({total_steps} steps): nothing to train; raise train.max_steps or "
+                "train.epochs to go on"
+            )
     # The run folder's config.yaml once every check has passed (a refused resume leaves an
     # earlier run's as it was); a restarted generation keeps what the first wrote.
     if env.is_main and not restarted():
