@@ -29,8 +29,15 @@ class LaunchConfig:
     """host:port of the c10d rendezvous for multi-node runs (torchrun --rdzv-endpoint)."""
     max_restarts: int = 0
     """Times the elastic agent restarts failed workers (resume from the newest checkpoint)."""
+    cpu_threads: int | None = None
+    """Threads each process computes with on the CPU (torch.set_num_threads, OMP_NUM_THREADS);
+    default: this machine's cores over the processes on this node. `paratrain bench` gives
+    every run of a sweep the same (the cores over the sweep's largest process count), so that a
+    1-process run is not measured with the cores a 2-process run splits."""
 
     def __post_init__(self) -> None:
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads: must be >= 1, got {self.cpu_threads}")
         if self.nproc is not None and self.nproc < 1:
             raise ValueError(f"nproc: must be >= 1, got {self.nproc}")
         if self.nnodes < 1:
@@ -107,6 +114,18 @@ def torchrun_argv(
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
     return argv + ["-m", module, str(config_path)]
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, as taskset or a container sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_process(cfg: LaunchConfig, local_processes: int) -> int:
+    return cfg.cpu_threads or max(1, cores() // max(local_processes, 1))
 
 
 def run_torchrun(argv: list[str]) -> None:

@@ -103,6 +103,8 @@ def execute(cfg: RunConfig) -> int:
         errors = Path(launch_dir) / "errors"
         errors.mkdir()
         os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
+        # the workers' thread count, set here (torchrun would set 1 and print a banner)
+        os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, nproc))
         try:
             launch.run_torchrun(argv)
         except Exception as e:  # torchrun's ChildFailedError

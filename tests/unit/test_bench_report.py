@@ -320,6 +320,7 @@ def test_the_fastest_recipe_is_what_the_speed_sweep_measured():
     # the sweep's short runs: 60 steps, no evaluation, no checkpoint, no progress bar
     short_run = {"train.max_steps", "train.warmup_steps", "train.eval", "checkpoint.at_end"}
     short_run.add("launch.nproc")  # the sweep's axis; --nproc on the command line
+    short_run.add("launch.cpu_threads")  # a sweep gives all its runs the same
     differ = [
         f"{section}.{key}"
         for section, values in measured.items()
@@ -328,3 +329,33 @@ def test_the_fastest_recipe_is_what_the_speed_sweep_measured():
         if recipe[section][key] != values[key] and f"{section}.{key}" not in short_run
     ]
     assert differ == []
+
+
+def test_a_speedup_above_the_ideal_or_a_wide_spread_is_marked_in_the_table():
+    rows = [
+        row("1", nproc=1, thr=91),
+        row("2", nproc=2, thr=9995),  # issue 16's 110x on 2 CPU processes
+        row("3", strategy="ddp-rr", nproc=1, thr=100, repeat=0),
+        row("4", strategy="ddp-rr", nproc=1, thr=160, repeat=1),
+        row("5", strategy="ddp-rr", nproc=2, thr=190),
+    ]
+    tables, _ = build_report({"s": ("dp_modes", {}, rows)})
+    ds = next(r for r in tables[0].rows if r[0] == "ddp-ds")
+    assert "above the ideal 2x: suspect" in ds[4], ds
+    rr = next(r for r in tables[0].rows if r[0] == "ddp-rr")
+    assert "repeats spread" in rr[4] and "above" not in rr[4], rr
+    fine = build_report({"s": ("dp_modes", {}, [row("6", thr=100), row("7", nproc=2, thr=196)])})
+    assert "⚠" not in " ".join(map(str, fine[0][0].rows))
+
+
+def test_every_run_of_a_sweep_computes_with_the_same_threads(tmp_path):
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep
+    from paratrain.launch import cores
+
+    sweep = load_sweep(RECIPES / "bench" / "cpu_smoke.yaml")
+    threads = {r.config.launch.cpu_threads for r in sweep.runs}
+    assert threads == {max(1, cores() // 2)}  # its largest run has 2 processes
+    again = load_sweep(RECIPES / "bench" / "cpu_smoke.yaml")
+    assert [r.key for r in again.runs] == [r.key for r in sweep.runs]

@@ -41,6 +41,24 @@ def efficiency(speedup_n: float, n: int) -> float:
     return speedup_n / n
 
 
+SPREAD = 0.2
+"""Repeats whose max - min exceeds this share of their median are flagged."""
+
+
+def suspect(speedup_n: float | None, n: int, *stats: Stat | None) -> str:
+    """A figure to distrust, said in the table itself: a speedup above the ideal N (more than
+    1% over: superlinear scaling is a measurement problem until explained), or repeats that
+    spread widely."""
+    notes = []
+    if speedup_n is not None and speedup_n > n * 1.01:
+        notes.append(f"above the ideal {n}x: suspect")
+    for st in stats:
+        if st is not None and st.n >= 2 and (st.high - st.low) > SPREAD * st.median:
+            notes.append(f"repeats spread {(st.high - st.low) / st.median:.0%}")
+            break
+    return f" ⚠ {'; '.join(notes)}" if notes else ""
+
+
 def time_for(samples: int, throughput: float) -> float:
     """Seconds to process `samples` unique samples at a measured throughput."""
     return samples / throughput

@@ -65,6 +65,8 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     cmd = command_for(run, run_dir)
     started = _now()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if run.config.launch.cpu_threads:  # peers too: torch reads it when it starts
+        env["OMP_NUM_THREADS"] = str(run.config.launch.cpu_threads)
     status, error = "ok", None
     log_path = run_dir / "log.txt"
     with open(log_path, "w") as log:

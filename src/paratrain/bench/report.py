@@ -21,7 +21,8 @@ ARITHMETIC = [
     "Throughput counts unique samples (ddp-full's repeated samples are not counted) over the "
     "measured steps, warm-up steps excluded; evaluation and checkpointing are not timed.",
     "Speedup(N) = unique throughput on N processes / on 1, at equal precision and per-GPU batch; "
-    "efficiency = speedup / N. With repeats: median [min-max].",
+    "efficiency = speedup / N. With repeats: median [min-max]. ⚠ marks a speedup above the "
+    "ideal N (suspect until explained) or repeats that spread more than 20%.",
     f"'Epoch s' is derived: {EPOCH:,} images / measured throughput (the seed's times are whole runs "
     "of unstated length, so compare ratios, not seconds).",
 ]
@@ -150,7 +151,8 @@ def dp_modes_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, di
                 one.thr.fmt() if one else "n/a",
                 many.thr.fmt() if many else "n/a",
                 _fmt(sp, ".2f", "x"),
-                _fmt(arith.efficiency(sp, n_max) * 100 if sp else None, ".0f", "%"),
+                _fmt(arith.efficiency(sp, n_max) * 100 if sp else None, ".0f", "%")
+                + arith.suspect(sp, n_max, one.thr if one else None, many.thr if many else None),
                 _fmt(arith.time_for(EPOCH, one.thr.median) if one else None),
                 _fmt(arith.time_for(EPOCH, many.thr.median) if many else None),
                 _fmt(s.get("time_1")),
@@ -301,7 +303,8 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
                 str(g.nproc),
                 g.thr.fmt(),
                 _fmt(per_gpu),
-                _fmt(eff * 100 if eff else None, ".1f", "%"),
+                _fmt(eff * 100 if eff else None, ".1f", "%")
+                + arith.suspect(eff * g.nproc if eff else None, g.nproc, g.thr),
                 _fmt(g.thr.median / ref.thr.median if ref else None, ".2f", "x"),
                 _fmt(per_gpu / light * 100 if light else None, ".0f", "%"),
                 g.step.fmt(1, 1000) if g.step else "n/a",
@@ -482,10 +485,16 @@ def build_report(
         tables.append(table)
     preamble = ["# paratrain benchmark report", ""]
     if hw:
+        gpus = hw.get("gpu_count_visible", 0)
         preamble.append(
-            f"Hardware: {hw.get('gpu_count_visible', 0)}x {hw.get('gpu_name', hw.get('device_type'))}, "
-            f"{hw.get('cpu_count')} CPUs, torch {hw.get('torch')}, CUDA {hw.get('cuda')}, "
-            f"driver {hw.get('driver')}, NCCL {hw.get('nccl')}."
+            (
+                f"Hardware: {gpus}x {hw.get('gpu_name')}, {hw.get('cpu_count')} CPUs, "
+                f"torch {hw.get('torch')}, CUDA {hw.get('cuda')}, driver {hw.get('driver')}, "
+                f"NCCL {hw.get('nccl')}."
+            )
+            if gpus
+            else f"Hardware: CPU only, {hw.get('cpu_count')} CPUs, torch {hw.get('torch')}; "
+            "every run's processes computed with the same threads each (launch.cpu_threads)."
         )
     preamble += ["", "How the numbers are computed:", *[f"- {a}" for a in ARITHMETIC]]
     if claims:

@@ -60,6 +60,7 @@ class RunSpec:
     def key(self) -> str:
         cfg = self.config.to_dict()
         cfg.pop("output_dir", None)
+        cfg["launch"].pop("cpu_threads", None)  # the machine's cores decide it; result.json says
         blob = json.dumps([self.program, cfg, self.repeat], sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -125,6 +126,19 @@ def _only(variants: list, texts: list[str]) -> list:
             + ", ".join(repr(label(v)) for v in variants)
         )
     return kept
+
+
+def _same_threads(runs: list[RunSpec]) -> None:
+    """Every run of a sweep computes with the same threads per process: the cores over the
+    largest process count (a run that sets launch.cpu_threads keeps its own)."""
+    from paratrain.launch import cores, default_nproc
+
+    widest = max(
+        (r.config.launch.nproc or default_nproc(r.config.multiprocess) for r in runs), default=1
+    )
+    for r in runs:
+        if r.config.launch.cpu_threads is None:
+            r.config.launch.cpu_threads = max(1, cores() // widest)
 
 
 def load_sweep(
@@ -196,6 +210,7 @@ def load_sweep(
             params = {**(variant.get("set") or {}), **point}
             for r in range(repeats):
                 runs.append(RunSpec(name, label, program, params, overrides, cfg, r))
+    _same_threads(runs)
     return Sweep(
         name,
         table,

@@ -7,6 +7,7 @@ Every rank runs this function; rank 0 alone prints, shows the bar and writes fil
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,11 @@ from paratrain.trainer.watchdog import StallMeter, Watchdog
 
 def train(cfg) -> dict[str, Any]:
     deterministic_env(cfg)
+    from paratrain.launch import threads_per_process
+
+    torch.set_num_threads(
+        threads_per_process(cfg.launch, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    )
     if cfg.strategy not in ONE_PROCESS:
         flight.enable(
             cfg.dist.flight_recorder,

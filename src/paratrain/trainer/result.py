@@ -132,6 +132,7 @@ def build(
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
         "fp8": cfg.model.fp8 if cfg.task == "causal_lm" and cfg.model.fp8 != "none" else None,
         "world_size": env.world_size,
+        "cpu_threads": torch.get_num_threads(),  # per process
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
         "backend": env.backend,
         "data_real": work.info.get("data_real", True),
