@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="train a model from a recipe",
-        description=RUN_HELP,
+        description=_run_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(
@@ -104,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("md", "csv", "html"), default="md")
     report.add_argument("--out", help="write the report here instead of printing it")
     report.add_argument(
-        "--plot", nargs="?", const="plots", metavar="DIR", help="write PNG plots to DIR"
+        "--plot",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="write PNG plots to DIR (default: plots/ beside the results file)",
     )
     report.add_argument("--export-csv", metavar="FILE", help="also export every stored run as CSV")
     report.set_defaults(func=cmd_report)
@@ -140,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--ops", default=",".join(_comm_ops()), help="comma-separated collectives")
     comm.add_argument("--min-bytes", default="1K", help="smallest message (e.g. 1K)")
     comm.add_argument("--max-bytes", help="largest message (default 256M on GPUs, 4M on CPUs)")
-    comm.add_argument("--dtype", default="bf16", help="fp32, bf16 or fp16")
+    comm.add_argument(
+        "--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on GPUs, fp32 on CPUs)"
+    )
     comm.add_argument("--iters", type=int, default=20, help="timed calls per size")
     comm.add_argument("--warmup", type=int, default=5, help="untimed calls per size first")
     comm.add_argument(
@@ -163,10 +169,17 @@ Train a model from a recipe, with any key overridden:
   paratrain run recipes/mnist_mobilenetv2.yaml --nproc 4 \\
       --set strategy=ddp-ds --set precision=fp16 --set data.pin_memory=true
 
-Strategies: single, dp, ddp-full, ddp-rr, ddp-ds. Precisions: fp64, fp32, tf32, fp16, bf16.
+Strategies (shorthands for degrees on one device mesh): {strategies}.
+Precisions: fp64, fp32, tf32, fp16, bf16.
 `--list-keys` shows every key. Under an outside torchrun or inside a SLURM step, paratrain
 joins the job it finds instead of starting processes.
 """
+
+
+def _run_help() -> str:
+    from paratrain.parallel import STRATEGIES
+
+    return RUN_HELP.format(strategies=", ".join(STRATEGIES))
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -269,9 +282,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         text = render.to_csv(tables)
     else:
         text = render.to_html(tables, preamble)
-    if args.plot:
+    if args.plot is not None:
         from paratrain.bench.plots import plots_for
 
+        args.plot = args.plot or str(Path(args.db).resolve().parent / "plots")
         made = [
             p
             for n, (kind, _, rows) in data.items()
@@ -324,6 +338,12 @@ def cmd_flight(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cuda_for(device: str) -> bool:
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
 def cmd_comm(args: argparse.Namespace) -> int:
     import time
 
@@ -336,7 +356,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
             ops=[op.strip() for op in args.ops.split(",") if op.strip()],
             min_bytes=collectives.parse_size(args.min_bytes),
             max_bytes=collectives.parse_size(args.max_bytes) if args.max_bytes else None,
-            dtype=args.dtype,
+            dtype=args.dtype or ("bf16" if _cuda_for(args.device) else "fp32"),
             iters=args.iters,
             warmup=args.warmup,
             passes=args.passes,

@@ -7,7 +7,9 @@ on the strategy: parallelism is applied from outside (paratrain.parallel).
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -87,6 +89,10 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
     if name in MODELS:
         return MODELS[name]
     module_name, fn_name = name.split(":")
+    # the user's module beside them, as `python -m paratrain` finds it (the paratrain command's
+    # path starts at its own script): the working directory is searched last
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
