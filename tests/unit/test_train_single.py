@@ -119,6 +119,8 @@ def test_result_has_the_metrics(tmp_path):
     assert [e["steps"] for e in epochs] == [8, 4] and all(
         e["wall_s"] >= e["train_s"] > 0 for e in epochs
     )
+    best = max(epochs, key=lambda e: e["val_accuracy"])
+    assert (s["best_val_accuracy"], s["best_epoch"]) == (best["val_accuracy"], best["epoch"])
     assert (tmp_path / "m" / "result.json").is_file() and (tmp_path / "m" / "config.yaml").is_file()
 
 

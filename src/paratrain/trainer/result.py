@@ -91,6 +91,11 @@ def build(
         "profile": profile,  # rank 0's top operators per step, when profiled
     }
     summary.setdefault("val_accuracy", None)
+    accuracies = [
+        (e["val_accuracy"], e["epoch"]) for e in epochs if e.get("val_accuracy") is not None
+    ]
+    if accuracies:  # the best epoch beside the last
+        summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
     if cfg.task == "causal_lm":
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
         # every rank of a tp group and every stage counted the same batch
