@@ -22,6 +22,7 @@ def test_step_log_and_tensorboard_hold_the_runs_points(tmp_path):
     mean = sum(p["loss"] for p in points) / 3
     assert mean == pytest.approx(result["epochs"][0]["train_loss"], rel=1e-6)
     assert result["artifacts"]["steps"] == str(out / "steps.jsonl")
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # loss, throughput
 
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

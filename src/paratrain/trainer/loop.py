@@ -197,7 +197,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     # ================================================================ end of loop
 
     progress.close()
-    steplog.close()
+    curves = steplog.close()
     profiler.stop()  # a run too short to reach its measured steps
     telemetry = pg.all_gather_object(gpu.stop())
     run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
@@ -207,6 +207,8 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     artifacts = work.finish(run.model, run.out_dir) if work.finish is not None else {}
     if steplog.enabled:
         artifacts["steps"] = str(steplog.path)
+        if curves is not None:
+            artifacts["curves"] = str(curves)
         if steplog.writer is not None:
             artifacts["tensorboard"] = str(run.out_dir / "tensorboard")
     result = results.build(

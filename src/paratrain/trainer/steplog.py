@@ -76,9 +76,38 @@ class StepLog:
                     self.writer.add_scalar(f"train/{key}", value, step)
         return record
 
-    def close(self) -> None:
+    def close(self) -> Path | None:
+        """-> curves.png beside the log (loss and throughput over the steps), when it has
+        points."""
         if self.writer is not None:
             self.writer.close()
+        if not self.enabled or not self.path.is_file():
+            return None
+        points = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+        return plot_curves(points, self.path.with_name("curves.png")) if points else None
+
+
+def plot_curves(points: list[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rate = next(k for k in points[0] if k.endswith("_per_s"))
+    steps = [p["step"] for p in points]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    losses = [(p["step"], p["loss"]) for p in points if p.get("loss") is not None]
+    if losses:
+        a.plot(*zip(*losses, strict=True), marker=".")
+    a.set(xlabel="step", ylabel="training loss", title="loss")
+    b.plot(steps, [p[rate] for p in points], marker=".")
+    b.set(xlabel="step", ylabel=rate.replace("_", " "), title="throughput")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
 
 def memory_in_use(device: torch.device) -> int | None:
