@@ -5,6 +5,8 @@
 # hand), all in one lease. PROFILE=<variant>: that row profiled first (profile.txt back);
 # VARIANTS picks paratrain rows by name, PLAIN the plain loop's (eager, compiled; "" none).
 # The 8B shape in full on one GPU: SHAPE=llama3-8b BATCH=2 STEPS=16 PLAIN="" VARIANTS="8b_...".
+# CURVE=N: first the plain compiled loop and paratrain compiled for N steps on the same batches
+# (same init, same rows in the same order), each step's loss back in curve.json / curve.png.
 #   device run (kind nvidia-h200, carry .whl .commit):  bash benchmarks/device/issue15_full.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -61,6 +63,15 @@ pt() {  # name [more settings]
   row "paratrain $n" /tmp/pt_$n/result.json
   cp /tmp/pt_$n/result.json "$OUT/pt_$n.json" 2>/dev/null
 }
+if [ -n "${CURVE:-}" ]; then  # the loss curves, plain loop and paratrain, on the same batches
+  C="train.max_steps=$CURVE train.compile=true train.fused_optimizer=true"
+  python3 -m paratrain run $(sets $C) --print-config > /tmp/curve_plain.yaml
+  timeout 300 python3 -m paratrain.bench.peers.hf_lora /tmp/curve_plain.yaml /tmp/curve_plain > /tmp/curve_plain.log 2>&1 || tail -5 /tmp/curve_plain.log
+  rm -rf /tmp/curve_pt
+  timeout 300 python3 -m paratrain run $(sets $C log.every_steps=1) --output-dir /tmp/curve_pt > /tmp/curve_pt.log 2>&1 || tail -5 /tmp/curve_pt.log
+  cp /tmp/curve_pt/steps.jsonl "$OUT/curve_paratrain_steps.jsonl"; cp /tmp/curve_plain/result.json "$OUT/curve_plain.json"
+  python3 benchmarks/device/loss_curves.py /tmp/curve_pt/steps.jsonl /tmp/curve_plain/result.json "$OUT" | tee -a "$OUT/rows.txt"
+fi
 if [ -n "${PROFILE:-}" ]; then  # one profiled row first: PROFILE=<variant>
   rm -rf /tmp/pt_prof; timeout 300 python3 -m paratrain run $(sets ${V[$PROFILE]} train.profile_steps=3) --output-dir /tmp/pt_prof > /tmp/pt_prof.log 2>&1 || tail -5 /tmp/pt_prof.log
   mkdir -p "$OUT/profile_$PROFILE"; cp /tmp/pt_prof/profile*.txt /tmp/pt_prof/result.json "$OUT/profile_$PROFILE/" 2>/dev/null; ls /tmp/pt_prof

@@ -5,7 +5,19 @@ fastest for your model.
     result = paratrain.train("recipes/tiny_lora_cpu.yaml", {"train.max_steps": 5})
 """
 
+import logging
+
 __version__ = "0.1.0"
+
+
+def _quiet_enum_registration(record: logging.LogRecord) -> bool:
+    """torchao registers its enums with torch's pytree at import; torch >= 2.12 warns that this
+    is deprecated, two lines in every process: a message for torchao's authors, not for a
+    user of paratrain. Other pytree warnings pass."""
+    return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_quiet_enum_registration)
 
 
 def train(recipe=None, overrides=None):

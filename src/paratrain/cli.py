@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         metavar="DIR",
-        help="write PNG plots to DIR (default: plots/ beside the results file)",
+        help="write PNG plots to DIR (default: plots/ beside the results file); an HTML report "
+        "embeds them either way",
     )
     report.add_argument("--export-csv", metavar="FILE", help="also export every stored run as CSV")
     report.set_defaults(func=cmd_report)
@@ -258,6 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import tempfile
     from pathlib import Path
 
     from paratrain.bench import render
@@ -276,34 +278,41 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     data = {n: (sweeps[n][0], sweeps[n][1], store.rows(n)) for n in names}
     tables, preamble = build_report(data)
-    if args.format == "md":
-        text = render.to_markdown(tables, preamble)
-    elif args.format == "csv":
-        text = render.to_csv(tables)
-    else:
-        text = render.to_html(tables, preamble)
-    if args.plot is not None:
-        from paratrain.bench.plots import plots_for
+    # An HTML report embeds its plots (one file that opens offline): made for it when --plot
+    # names no folder of its own, in a temporary one.
+    with tempfile.TemporaryDirectory(prefix="paratrain-plots-") as scratch:
+        plot_dir = args.plot
+        if plot_dir == "":
+            plot_dir = str(Path(args.db).resolve().parent / "plots")
+        if plot_dir is None and args.format == "html":
+            plot_dir = scratch
+        by_sweep: dict[str, list[Path]] = {}
+        if plot_dir is not None:
+            from paratrain.bench.plots import plots_for
 
-        args.plot = args.plot or str(Path(args.db).resolve().parent / "plots")
-        made = [
-            p
-            for n, (kind, _, rows) in data.items()
-            for p in plots_for(kind, n, group_rows(rows), Path(args.plot))
-        ]
-        if args.format == "md" and made:
-            # Links relative to where the report is written, so they work beside it.
-            base = Path(args.out).resolve().parent if args.out else Path.cwd()
-            links = [os.path.relpath(p.resolve(), base) for p in made]
-            text += (
-                "\n## Plots\n\n"
-                + "\n".join(f"![{p.stem}]({link})" for p, link in zip(made, links, strict=True))
-                + "\n"
+            for table, (n, (kind, _, rows)) in zip(tables, data.items(), strict=False):
+                by_sweep[table.title] = plots_for(kind, n, group_rows(rows), Path(plot_dir))
+        made = [p for ps in by_sweep.values() for p in ps]
+        if args.format == "md":
+            text = render.to_markdown(tables, preamble)
+            if made:
+                # Links relative to where the report is written, so they work beside it.
+                base = Path(args.out).resolve().parent if args.out else Path.cwd()
+                links = [os.path.relpath(p.resolve(), base) for p in made]
+                text += (
+                    "\n## Plots\n\n"
+                    + "\n".join(f"![{p.stem}]({link})" for p, link in zip(made, links, strict=True))
+                    + "\n"
+                )
+        elif args.format == "csv":
+            text = render.to_csv(tables)
+        else:
+            text = render.to_html(tables, preamble, by_sweep)
+        if args.plot is not None:
+            print(
+                f"paratrain report: plots: {', '.join(map(str, made)) or 'none (nothing to plot)'}",
+                flush=True,
             )
-        print(
-            f"paratrain report: plots: {', '.join(map(str, made)) or 'none (nothing to plot)'}",
-            flush=True,
-        )
     if args.export_csv:
         store.export_csv(args.export_csv)
     if args.out:

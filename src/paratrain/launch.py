@@ -4,12 +4,15 @@
 - Inside a SLURM step with several tasks (srun): each task is a rank; map SLURM's variables to
   torch.distributed's and run here. Nothing is spawned again.
 - Otherwise, for a multi-process strategy: build torchrun's arguments and call its agent, which
-  spawns one worker per process (``python -m paratrain.worker <config.yaml>``), rendezvouses
-  (standalone on one node, c10d across nodes) and restarts workers up to max_restarts times.
+  starts one worker per process (``python -m paratrain.worker <config.yaml>`` on GPUs; on the
+  CPU forked from a fork server that imported the workers' modules once, torchrun's
+  --start-method=forkserver), rendezvouses (standalone on one node, c10d across nodes) and
+  restarts workers up to max_restarts times.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -128,10 +131,48 @@ def threads_per_process(cfg: LaunchConfig, local_processes: int) -> int:
     return cfg.cpu_threads or max(1, cores() // max(local_processes, 1))
 
 
-def run_torchrun(argv: list[str]) -> None:
-    """torchrun's own entry point, in this process: it becomes the elastic agent."""
-    from torch.distributed.run import get_args_parser
+def _no_join_trace(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and type(exc).__name__ == "ProcessExitedException":
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
+def run_torchrun(argv: list[str], preload: tuple[str, ...] = ()) -> None:
+    """torchrun's own agent, in this process. With `preload` (the modules every worker
+    imports), the agent forks its workers from a fork server that imported them once, instead
+    of starting `python -m <module>` per worker: on a CPU machine the imports (torch,
+    transformers, peft: ~13 s of CPU each) are most of a short run's time, paid once rather
+    than once per rank. The worker is the same function either way (worker.forked)."""
+    from torch.distributed.run import config_from_args, get_args_parser
     from torch.distributed.run import run as elastic_run
 
     # NCCL variables the user set are inherited by the workers unchanged; we add none.
-    elastic_run(get_args_parser().parse_args(argv))
+    if not preload:
+        elastic_run(get_args_parser().parse_args(argv))
+        return
+    import multiprocessing
+    import uuid
+
+    from torch.distributed.launcher.api import elastic_launch
+
+    if "--standalone" in argv:  # what torchrun's --standalone stands for
+        argv = [a for a in argv if a != "--standalone"]
+        argv = [
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            f"--rdzv-id={uuid.uuid4()}",
+        ] + argv
+    args = get_args_parser().parse_args(["--start-method=forkserver", *argv])
+    config, _, cmd_args = config_from_args(args)
+    # The fork server is started once per process and kept: what may differ between two
+    # launches from one process (the environment) travels with each call, not in the server.
+    multiprocessing.set_forkserver_preload(list(preload))
+    from paratrain.worker import forked
+
+    # A worker that exits non-zero is logged by the agent as one line ("failed (exitcode: 2)
+    # local_rank: 0 ..."), as for `python -m` workers; for a function's process the agent adds
+    # the traceback of its own join, which says nothing about the worker: left out.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_join_trace)
+
+    elastic_launch(config=config, entrypoint=forked)(cmd_args[-1], dict(os.environ))

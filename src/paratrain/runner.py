@@ -69,6 +69,22 @@ def writable_folder(path: str, key: str) -> None:
         raise UserError(f"{key}: cannot write into {ancestor}")
 
 
+def worker_imports(cfg: RunConfig) -> tuple[str, ...]:
+    """What a worker imports before it trains, for the agent's fork server to import once."""
+    # PARATRAIN_FORKSERVER=0: one `python -m paratrain.worker` per rank, as torchrun alone
+    # starts them; =1 forks on GPUs too (there the workers' imports are a small part of a run).
+    switch = os.environ.get("PARATRAIN_FORKSERVER", "")
+    if switch == "0":
+        return ()
+    if switch != "1" and cfg.device != "cpu":
+        import torch
+
+        if cfg.device == "cuda" or torch.cuda.is_available():
+            return ()
+    task = ("transformers", "peft") if cfg.task == "causal_lm" else ("torchvision",)
+    return ("paratrain.worker", "paratrain.trainer.setup", *task)
+
+
 def execute(cfg: RunConfig) -> int:
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
     if slurm:
@@ -106,7 +122,7 @@ def execute(cfg: RunConfig) -> int:
         # the workers' thread count, set here (torchrun would set 1 and print a banner)
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, nproc))
         try:
-            launch.run_torchrun(argv)
+            launch.run_torchrun(argv, preload=worker_imports(cfg))
         except Exception as e:  # torchrun's ChildFailedError
             mistake = first_worker_error(errors)
             if mistake:  # a worker found a user mistake: one line, once, for the whole job

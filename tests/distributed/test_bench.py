@@ -1,84 +1,104 @@
 """`paratrain bench` and `report` end to end on the CPU."""
 
+import os
 import sqlite3
 
 import pytest
 from conftest import RECIPES, run_cli
 
+from paratrain.cli import main
+
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def test_two_point_sweep_makes_db_table_and_plot(tmp_path):
+def here(capsys, *args):
+    """A `paratrain` command in this process (what it prints to stdout). The one-line exit 2
+    of a bad sweep, below, is checked in a process of its own, as a user meets it."""
+    capsys.readouterr()
+    assert main([*map(str, args)]) == 0
+    return capsys.readouterr().out
+
+
+def test_two_point_sweep_makes_db_table_and_plot(tmp_path, capsys, monkeypatch):
+    """The sweep CI runs (1 and 2 processes), from this process as `paratrain bench` does it
+    (each run a `paratrain run` process of its own); then the report, plots and formats."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as run_cli gives its processes
     db = tmp_path / "r.db"
-    proc = run_cli(
-        [
-            "bench",
-            RECIPES / "bench" / "cpu_smoke.yaml",
-            "--db",
-            db,
-            "--runs-dir",
-            tmp_path / "runs",
-            "--no-progress",
-        ]
+    out = here(
+        capsys,
+        *("bench", RECIPES / "bench" / "cpu_smoke.yaml", "--db", db),
+        *("--runs-dir", tmp_path / "runs", "--no-progress"),
     )
-    assert "2 ok" in proc.stdout
+    assert "2 ok" in out, out
     with sqlite3.connect(db) as con:
         rows = con.execute(
             "SELECT status, unique_samples_per_s, hardware, config FROM runs"
         ).fetchall()
     assert len(rows) == 2 and all(r[0] == "ok" and r[1] > 0 and r[2] and r[3] for r in rows)
     report = tmp_path / "report.md"
-    run_cli(["report", "--db", db, "--out", report, "--plot", tmp_path / "plots"])
+    here(capsys, "report", "--db", db, "--out", report, "--plot", tmp_path / "plots")
     text = report.read_text()
     assert (
         "Data-parallel modes (seed table 2.2)" in text and "| ddp-ds |" in text and "6.73x" in text
     )
     png = tmp_path / "plots" / "cpu_smoke_speedup.png"
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    assert "cpu_smoke_speedup.png" in text  # linked from the report
     for fmt in ("csv", "html"):
-        out = run_cli(["report", "--db", db, "--format", fmt]).stdout
-        assert "ddp-ds" in out
+        assert "ddp-ds" in here(capsys, "report", "--db", db, "--format", fmt)
 
 
-def test_failed_and_hung_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
+def test_failed_and_hung_runs_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    """A run that fails, one that hangs (killed at its own timeout_s) and a good one after
+    them. The hung variant has a short time limit of its own (it sleeps far past it); the
+    others keep the sweep's generous one (a good run takes seconds, more under load). On the second sweep the hung run fails at once instead, which shows
+    that a timed-out run is tried again (and its row replaced)."""
     (tmp_path / "flaky.py").write_text(
-        "import time, torch\n"
-        "from paratrain.models.vision import build_tiny_cnn\n"
+        "import pathlib, time\n"
         "def boom(num_classes, in_channels):\n"
         "    raise RuntimeError('model exploded')\n"
         "def hang(num_classes, in_channels):\n"
-        "    time.sleep(120)\n"
+        f"    tried = pathlib.Path({str(tmp_path / 'hung_once')!r})\n"
+        "    if tried.exists():\n"
+        "        raise RuntimeError('hung the first time')\n"
+        "    tried.touch()\n"
+        "    time.sleep(3600)\n"
     )
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(f"""
 name: flaky
 recipe: {RECIPES / "tiny_cpu.yaml"}
 table: plain
-set: {{train.max_steps: 3, data.limit_samples: 256, log.progress: false, checkpoint.at_end: false, strategy: single}}
+set: {{train.max_steps: 2, data.limit_samples: 128, train.eval: false, log.progress: false, checkpoint.at_end: false, strategy: single}}
 variants:
-  - {{label: good}}
   - {{label: boom, set: {{model.name: "flaky:boom"}}}}
-  - {{label: hang, set: {{model.name: "flaky:hang"}}}}
-  - {{label: good too, set: {{train.lr: 0.001}}}}
-timeout_s: 15
+  - {{label: hang, set: {{model.name: "flaky:hang"}}, timeout_s: 8}}
+  - {{label: good, set: {{train.lr: 0.001}}}}
+timeout_s: 300
 """)
+    # The sweep runs here; its runs are processes of their own, which import flaky too.
+    monkeypatch.syspath_prepend(tmp_path)
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [path])]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     db = tmp_path / "r.db"
     args = ["bench", sweep, "--db", db, "--runs-dir", tmp_path / "runs", "--no-progress"]
-    env = {"PYTHONPATH": str(tmp_path)}
-    proc = run_cli(args, env=env)
-    assert "2 ok, 1 failed, 1 timeout" in proc.stdout
+    out = here(capsys, *args)
+    assert "1 ok, 1 failed, 1 timeout" in out, out
     with sqlite3.connect(db) as con:
         got = dict(
             con.execute("SELECT label, status || ':' || coalesce(error, '') FROM runs").fetchall()
         )
-    assert got["good"] == "ok:" and got["good too"] == "ok:"
+    assert got["good"] == "ok:"
     assert got["boom"].startswith("failed:") and "model exploded" in got["boom"]
     assert got["hang"].startswith("timeout:")
     # Re-running skips what succeeded and tries the rest again.
-    proc = run_cli(args, env=env)
-    assert "2 done before" in proc.stdout and "1 failed, 1 timeout" in proc.stdout
-    text = run_cli(["report", "--db", db]).stdout
-    assert "Not measured — boom" in text
+    out = here(capsys, *args)
+    assert "0 ok, 2 failed, 0 timeout" in out and "1 done before" in out, out
+    with sqlite3.connect(db) as con:
+        (hang,) = con.execute("SELECT status || ':' || error FROM runs WHERE label = 'hang'")
+    assert hang[0].startswith("failed:") and "hung the first time" in hang[0]
+    assert "Not measured — boom" in here(capsys, "report", "--db", db)
 
 
 def test_bad_sweep_is_one_line_exit_2(tmp_path):

@@ -8,6 +8,8 @@ import sys
 import pytest
 from conftest import RECIPES, make_mnist_dir, read_result, run_cli
 
+from paratrain.cli import main
+
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
@@ -156,37 +158,34 @@ def test_mnist_idx_recipe_runs(tmp_path):
     )
 
 
-def test_missing_text_data_fails_before_any_worker_starts(tmp_path):
-    proc = run_cli(
-        [
-            "run",
-            RECIPES / "tiny_lora_cpu.yaml",
-            "--set",
-            "data.source=alpaca",
-            "--set",
-            f"data.path={tmp_path / 'nope.json'}",
-            "--nproc",
-            "2",
-        ],
-        check=False,
-    )
-    assert (
-        proc.returncode == 2
-        and proc.stderr.count("\n") == 1
-        and "data.path: no such file" in proc.stderr
-    )
+def run_here(capsys, *args):
+    """`paratrain ARGS` in this process, for a mistake found before anything starts (the
+    process-level view of the same, its whole stderr one line, is the MNIST test above):
+    -> (exit code, stderr)."""
+    capsys.readouterr()
+    code = main([*map(str, args)])
+    return code, capsys.readouterr().err
 
 
-def test_fused_kernels_off_cuda_fail_before_any_worker_starts(tmp_path):
+def test_missing_text_data_fails_before_any_worker_starts(tmp_path, capsys):
+    code, err = run_here(
+        capsys,
+        *("run", RECIPES / "tiny_lora_cpu.yaml", "--set", "data.source=alpaca"),
+        *("--set", f"data.path={tmp_path / 'nope.json'}", "--nproc", "2"),
+    )
+    assert code == 2 and err.count("\n") == 1 and "data.path: no such file" in err, err
+
+
+def test_fused_kernels_off_cuda_fail_before_any_worker_starts(tmp_path, capsys):
     out = tmp_path / "run"
-    proc = run_cli(
-        ["run", RECIPES / "tiny_lora_cpu.yaml", "--set", "model.kernels=liger-loss"]
-        + ["--nproc", "2", "--output-dir", out],
-        check=False,
+    code, err = run_here(
+        capsys,
+        *("run", RECIPES / "tiny_lora_cpu.yaml", "--set", "model.kernels=liger-loss"),
+        *("--nproc", "2", "--output-dir", out),
     )
     assert (
-        proc.returncode == 2
-        and proc.stderr.count("\n") == 1
-        and "model.kernels: liger-loss runs Triton kernels on CUDA GPUs" in proc.stderr
+        code == 2
+        and err.count("\n") == 1
+        and "model.kernels: liger-loss runs Triton kernels on CUDA GPUs" in err
         and not out.exists()
-    )
+    ), err

@@ -5,6 +5,8 @@ import json
 import pytest
 from conftest import run_cli
 
+from paratrain.cli import main
+
 pytestmark = pytest.mark.dist
 
 
@@ -30,16 +32,19 @@ def test_comm_times_every_collective_on_two_processes(tmp_path):
     assert (out / "busbw.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        (["--ops", "all_sum"], "--ops: got ['all_sum']"),
+def test_comm_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    """Each mistake is found before any process starts: one as the user meets it (a process
+    of its own, whose whole stderr is the one line), the others in this process."""
+    out = tmp_path / "comm"
+    proc = run_cli(["comm", "--device", "cpu", "--ops", "all_sum", "--out", out], check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--ops: got ['all_sum']" in proc.stderr
+    for bad, message in (
         (["--nproc", "1"], "--nproc: a collective needs at least 2 processes"),
         (["--max-bytes", "lots"], "expected a size"),
-    ],
-)
-def test_comm_bad_input_is_one_line_exit_2(tmp_path, bad, message):
-    out = tmp_path / "comm"
-    proc = run_cli(["comm", "--device", "cpu", *bad, "--out", out], check=False)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+    ):
+        capsys.readouterr()
+        assert main(["comm", "--device", "cpu", *bad, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
     assert not out.exists()

@@ -1,7 +1,7 @@
 """Model parallelism for language models on CPU processes (gloo), each against one process:
 tensor parallel (full training and LoRA), FSDP x TP and HSDP on a 2 x 2 mesh, pipeline stages of
-decoder layers (1F1B), pipeline x data parallel (GPipe), the interleaved schedule (two stages
-per rank) under FSDP, and a 2 x 2 checkpoint resumed on its own mesh and in one process.
+decoder layers x data parallel (GPipe), the interleaved schedule (two stages per rank) under
+FSDP, and a 2 x 2 checkpoint resumed on its own mesh and in one process.
 
 A tiny random Llama on random tokens (every position trained, so a batch's mean loss does not
 depend on how it is split), fp32, AdamW for 4 steps. Tolerances: AdamW divides by the root of
@@ -108,22 +108,11 @@ def test_hsdp_2x2_equals_single(tmp_path, single):
     assert read_result(out)["parallel"]["label"] == "dp_replicate=2 x dp_shard=2"
 
 
-def test_pipeline_of_decoder_layers_equals_single(tmp_path, single):
-    out = run_parallel(
-        tmp_path,
-        "pp",
-        2,
-        *("strategy=pipeline", "pipeline.microbatches=2", "pipeline.schedule=1f1b"),
-        *("data.batch_size=4", "lora.enabled=false"),
-    )
-    close_to(out, single["full4"])
-    r = read_result(out)
-    assert r["parallel"]["pp"] == 2 and r["summary"]["tokens_per_step"] == 4 * 32
-
-
 def test_pipeline_x_data_parallel_2x2_equals_single(tmp_path, single):
     """pp=2 x dp_replicate=2, GPipe: each stage replicated (FSDP2 on a mesh that shards over
-    one rank: DDP's reducer takes one forward per backward, a schedule runs several)."""
+    one rank: DDP's reducer takes one forward per backward, a schedule runs several). The
+    pipeline of decoder layers alone (strategy=pipeline, 1F1B) is test_reshard.py's middle
+    leg, against one process straight; the tiny CNN's stages alone are test_pipeline.py's."""
     out = run_parallel(
         tmp_path,
         "ppdp",
@@ -132,7 +121,10 @@ def test_pipeline_x_data_parallel_2x2_equals_single(tmp_path, single):
         *("pipeline.schedule=gpipe", "data.batch_size=4", "lora.enabled=false"),
     )
     close_to(out, single["full8"])
-    assert read_result(out)["strategy"] == "ddp+pp"
+    r = read_result(out)
+    assert r["strategy"] == "ddp+pp" and r["parallel"]["pp"] == 2
+    # each replica's tokens once: not once per stage
+    assert r["summary"]["tokens_per_step"] == 2 * 4 * 32
 
 
 def test_interleaved_pipeline_x_fsdp_2x2_equals_single(tmp_path):

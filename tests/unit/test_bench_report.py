@@ -359,3 +359,23 @@ def test_every_run_of_a_sweep_computes_with_the_same_threads(tmp_path):
     assert threads == {max(1, cores() // 2)}  # its largest run has 2 processes
     again = load_sweep(RECIPES / "bench" / "cpu_smoke.yaml")
     assert [r.key for r in again.runs] == [r.key for r in sweep.runs]
+
+
+def test_a_variant_may_have_a_time_limit_of_its_own(tmp_path):
+    from conftest import RECIPES
+
+    from paratrain.bench.sweep import load_sweep
+    from paratrain.errors import ConfigError
+
+    def sweep(timeout):
+        path = tmp_path / "s.yaml"
+        path.write_text(
+            f"name: s\nrecipe: {RECIPES / 'tiny_cpu.yaml'}\nvariants:\n"
+            f"  - {{label: quick, timeout_s: {timeout}}}\n  - {{label: other}}\ntimeout_s: 99\n"
+        )
+        return load_sweep(path)
+
+    quick, other = sweep(5).runs
+    assert (quick.timeout_s, other.timeout_s) == (5, None)  # None: the sweep's 99
+    with pytest.raises(ConfigError, match=r"sweep.variants\[0\].timeout_s: must be a number > 0"):
+        sweep("soon")

@@ -94,6 +94,10 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
         status, error = "failed", f"exit {code}: " + _tail(output)
     elif code == 0 and result is None:
         status, error = "failed", "exited 0 without result.json: " + _tail(output)
+    if result is not None:
+        curve = loss_curve(run_dir, result)
+        if curve:
+            result["curve"] = curve
     summary = (result or {}).get("summary") or {}
     return Row(
         run_key=run.key,
@@ -116,6 +120,25 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
         metrics=summary or None,
         result=result,
     )
+
+
+def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
+    """[[step, loss], ...] of one run, for the report's loss curves: paratrain's step log
+    (steps.jsonl, a point every log.every_steps), or a peer's per-step losses where it keeps
+    them (summary.losses)."""
+    steps = run_dir / "steps.jsonl"
+    if steps.is_file():
+        points = []
+        for line in steps.read_text().splitlines():
+            try:
+                point = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a killed run
+                continue
+            if point.get("loss") is not None:
+                points.append([point["step"], point["loss"]])
+        return points
+    losses = (result.get("summary") or {}).get("losses") or []
+    return [[i, loss] for i, loss in enumerate(losses, start=1)]
 
 
 def _host() -> dict:
@@ -170,7 +193,9 @@ def run_sweep(
                     bar.advance(task)
                 continue
             try:
-                row = execute_run(run, runs_dir / sweep.name / run.key, sweep.timeout_s)
+                row = execute_run(
+                    run, runs_dir / sweep.name / run.key, run.timeout_s or sweep.timeout_s
+                )
                 store.put(row)
             finally:
                 store.release(run.key)

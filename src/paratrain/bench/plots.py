@@ -88,6 +88,22 @@ def bars_plot(
     return path
 
 
+def loss_curves_plot(groups: list[Group], path: Path, title: str) -> Path | None:
+    """Each configuration's training loss over the steps (its first repeat), on one axis: a
+    faster configuration that learns worse shows at a glance."""
+    series = [(f"{g.label} x{g.nproc}", g.curves[0]) for g in groups if g.curves]
+    series = [(name, c) for name, c in series if len(c) > 1]
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, curve in series:
+        ax.plot([s for s, _ in curve], [loss for _, loss in curve], label=name, lw=1.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"loss curves: {title}")
+    return _save_lines(fig, ax, path)
+
+
 def comm_plot(result: dict, path: Path) -> Path:
     """Bus bandwidth against message size, one line per collective (`paratrain comm`)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -121,4 +137,5 @@ def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[
         made.append(
             bars_plot(groups, out_dir / f"{name}_runs.png", "label", name, tokens=kind == "llm")
         )
+    made.append(loss_curves_plot(groups, out_dir / f"{name}_loss.png", name))
     return [p for p in made if p is not None]

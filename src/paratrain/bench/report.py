@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -47,6 +47,8 @@ class Group:
     redundant: bool
     metrics_list: list[dict[str, Any]]
     """Each successful run's summary (for metrics beyond the columns above)."""
+    curves: list[list[list[float]]] = field(default_factory=list)
+    """Each successful run's loss curve, [[step, loss], ...] (execute.loss_curve)."""
 
     @property
     def nproc(self) -> int:
@@ -87,6 +89,7 @@ def group_rows(rows: list[Row]) -> list[Group]:
                 ],
                 redundant=any((r.result or {}).get("redundant_data") for r in ok),
                 metrics_list=[r.metrics or {} for r in ok],
+                curves=[(r.result or {})["curve"] for r in ok if (r.result or {}).get("curve")],
             )
         )
     return groups

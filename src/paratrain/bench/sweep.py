@@ -55,6 +55,8 @@ class RunSpec:
     overrides: list[str]
     config: RunConfig
     repeat: int
+    timeout_s: float | None = None
+    """This variant's own time limit (a variant's timeout_s); None: the sweep's."""
 
     @property
     def key(self) -> str:
@@ -190,9 +192,23 @@ def load_sweep(
 
     runs: list[RunSpec] = []
     for i, variant in enumerate(variants):
-        if not isinstance(variant, dict) or set(variant) - {"label", "program", "set", "grid"}:
+        if not isinstance(variant, dict) or set(variant) - {
+            "label",
+            "program",
+            "set",
+            "grid",
+            "timeout_s",
+        }:
             raise ConfigError(
-                f"sweep.variants[{i}]: expected keys label, program, set, grid; got {variant!r}"
+                f"sweep.variants[{i}]: expected keys label, program, set, grid, timeout_s; "
+                f"got {variant!r}"
+            )
+        own_timeout = variant.get("timeout_s")
+        if own_timeout is not None and (
+            not isinstance(own_timeout, (int, float)) or own_timeout <= 0
+        ):
+            raise ConfigError(
+                f"sweep.variants[{i}].timeout_s: must be a number > 0, got {own_timeout!r}"
             )
         program = variant.get("program", "paratrain")
         if program not in PROGRAMS:
@@ -209,7 +225,7 @@ def load_sweep(
             cfg = load_config(recipe_path, [f"name={name}", *overrides])
             params = {**(variant.get("set") or {}), **point}
             for r in range(repeats):
-                runs.append(RunSpec(name, label, program, params, overrides, cfg, r))
+                runs.append(RunSpec(name, label, program, params, overrides, cfg, r, own_timeout))
     _same_threads(runs)
     return Sweep(
         name,

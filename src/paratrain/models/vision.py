@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 from paratrain.errors import UserError
 
 
 def build_mobilenet_v2(num_classes: int, in_channels: int = 3) -> nn.Module:
+    import torchvision  # here, not at the top: its import costs every process 2 s of CPU
+
     model = torchvision.models.mobilenet_v2(weights=None, num_classes=num_classes)
     if in_channels != 3:
         # The stem is features[0][0] (3x3 conv, stride 2, 32 filters); swap only its input side.
@@ -29,6 +30,8 @@ def build_mobilenet_v2(num_classes: int, in_channels: int = 3) -> nn.Module:
 
 
 def build_resnet50(num_classes: int, in_channels: int = 3) -> nn.Module:
+    import torchvision
+
     model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
     if in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
@@ -75,6 +78,8 @@ def trunk_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _head_forward(model: nn.Module) -> Callable:
+    import torchvision
+
     if isinstance(model, torchvision.models.MobileNetV2):
         return lambda m, x: m.classifier(torch.flatten(F.adaptive_avg_pool2d(x, (1, 1)), 1))
     if isinstance(model, torchvision.models.ResNet):

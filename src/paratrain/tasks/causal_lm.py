@@ -185,8 +185,9 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     model = apply_fp8(model, m.fp8, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
     spec = CausalLMSpec()
-    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled:
-        # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits
+    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled or cfg.train.compile:
+        # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;
+        # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
 
@@ -328,8 +329,8 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         finish=finish if cfg.lora.enabled else None,
         compile_units=spec.blocks(model)
         + (
-            [model.chunk_loss]
-            if isinstance(model, ChunkedLossLM) and model.chunk and model.fused == "none"
+            [model.chunk_loss if model.chunk else model.whole_loss]
+            if isinstance(model, ChunkedLossLM) and model.fused == "none" and not dims.tp_enabled
             else []
         ),
         info={

@@ -194,9 +194,11 @@ def clock(device: torch.device) -> float:
 class Meter:
     """Counts steps and loss; the measured window starts after `warmup` steps when more run."""
 
-    def __init__(self, device: torch.device, warmup: int, total: int):
+    def __init__(self, device: torch.device, warmup: int, total: int, keep_losses: bool = False):
         self.device, self.warmup, self.total, self.steps = device, warmup, total, 0
         self.loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # no per-step sync
+        # each step's loss, kept on the device and read once at the end (no per-step sync)
+        self.losses: list[torch.Tensor] | None = [] if keep_losses else None
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -207,6 +209,8 @@ class Meter:
     def step(self, loss: torch.Tensor) -> None:
         self.steps += 1
         self.loss_sum += loss.detach().double()
+        if self.losses is not None:
+            self.losses.append(loss.detach().float())
         if self.steps == self.warmup and self.total > self.warmup:
             self.mark = (self.steps, clock(self.device))
 
@@ -233,6 +237,7 @@ class Meter:
             "peak_memory_kind": kind,
             "train_loss": loss.item(),
             "val_accuracy": None,
+            **({"losses": torch.stack(self.losses).tolist()} if self.losses else {}),  # rank 0's
         }
 
 

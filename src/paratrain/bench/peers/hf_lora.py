@@ -1,8 +1,10 @@
 """Plain transformers + peft LoRA fine-tuning, written the way their documentation shows: the
 baseline of issue 4's target. A Llama built from the config's shape (random weights) in the
 autocast dtype, get_peft_model, AdamW on the adapters, autocast, model(...).loss, DDP when
-torchrun starts several processes. Rows of random tokens, every token trained (as paratrain's
-synthetic-text source).
+torchrun starts several processes. paratrain's synthetic-text rows (random tokens, every token
+trained), in the order paratrain's sampler gives them: the same batches as `paratrain run`, so
+that the two loss curves can be laid over each other (result.json's summary.losses, one per
+step, against paratrain's steps.jsonl at log.every_steps=1).
 
 With lora.enabled=false, plain full training (issue 15's baseline): the weights in fp32 under
 bf16 autocast (paratrain's bf16), AdamW on all of them; train.compile=true adds what a user
@@ -24,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from paratrain.bench.peers import common
 from paratrain.config import load_config
+from paratrain.data.samplers import build_sampler
 from paratrain.errors import UserError
 
 
@@ -88,21 +91,34 @@ def main() -> None:
     )
 
     batch, length = cfg.data.batch_size, cfg.data.max_length
-    g = torch.Generator().manual_seed(cfg.seed + rank)
+    rows = synthetic_rows(cfg, config.vocab_size)
+    sampler = build_sampler(
+        cfg.data.sampler,
+        len(rows),
+        rank=rank,
+        world=world_size,
+        shuffle=cfg.data.shuffle,
+        seed=cfg.seed,
+    )
     total = cfg.train.max_steps or 30
-    meter = common.Meter(device, cfg.train.warmup_steps, total)
+    meter = common.Meter(device, cfg.train.warmup_steps, total, keep_losses=True)
     model.train()
     meter.start()
+    epoch = 0
     while meter.steps < total:
-        ids = torch.randint(0, config.vocab_size, (batch, length), generator=g).to(
-            device, non_blocking=True
-        )
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        meter.step(loss)
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler))
+        for first in range(0, len(order) - batch + 1, batch):  # drop_last, as paratrain
+            if meter.steps == total:
+                break
+            ids = rows[order[first : first + batch]].to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            meter.step(loss)
+        epoch += 1
     summary = meter.summary(batch, world_size)
     tokens_per_step = batch * length * world_size
     summary["tokens_per_s"] = summary["unique_samples_per_s"] * length
@@ -111,6 +127,17 @@ def main() -> None:
         common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def synthetic_rows(cfg, vocab: int) -> torch.Tensor:
+    """paratrain's synthetic-text rows (the byte tokenizer's ids), as one [rows, length] tensor."""
+    from paratrain.lm import data as lmdata
+    from paratrain.lm.tokenizer import load_tokenizer
+    from paratrain.tasks.causal_lm import SYNTHETIC_ROWS
+
+    n_ids = min(vocab, len(load_tokenizer(None)))
+    examples = lmdata.synthetic_examples(SYNTHETIC_ROWS, cfg.data.max_length, n_ids, cfg.seed)
+    return torch.tensor([ids for ids, _ in examples])
 
 
 if __name__ == "__main__":

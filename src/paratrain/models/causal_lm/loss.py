@@ -24,11 +24,28 @@ from torch.utils.checkpoint import checkpoint
 IGNORE = -100
 
 
+def _is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def _chunk_loss_sum(
     hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     logits = hidden @ weight.t()
     return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+class WholeLoss(nn.Module):
+    """lm_head + mean next-token loss over the whole logits, as a module (without parameters)
+    so that train.compile compiles it in place: eagerly, the logits are upcast to fp32 (a copy
+    of [tokens, vocab]), log-softmaxed (another) and gathered, and backward walks the same
+    tensors again; compiled, the upcast, log-sum-exp and gather fuse into one pass over the bf16
+    logits (8 ms of a 137 ms step for the Llama-3.2-1B shape at 4 x 2,048 on one H200)."""
+
+    def forward(self, hidden, labels, weight):
+        return next_token_loss(hidden @ weight.t(), labels)
 
 
 class ChunkLoss(nn.Module):
@@ -107,6 +124,7 @@ class ChunkedLossLM(nn.Module):
         super().__init__()
         self.lm, self.chunk, self.fused = lm, chunk, fused
         self.chunk_loss = ChunkLoss()
+        self.whole_loss = WholeLoss()  # chunk 0, fused none: lm_head + loss as one compile unit
 
     def get_base_model(self) -> nn.Module:
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
@@ -124,7 +142,9 @@ class ChunkedLossLM(nn.Module):
         ).last_hidden_state
         if self.fused.startswith("liger"):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
-        elif not self.chunk:
+        elif not self.chunk and not _is_dtensor(base.lm_head.weight):
+            loss = self.whole_loss(hidden, labels, base.lm_head.weight)
+        elif not self.chunk:  # tensor parallel: lm_head's DTensor output under loss_parallel
             loss = next_token_loss(base.lm_head(hidden), labels)
         else:
             loss = chunked_cross_entropy(
