@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 DEV=${DEV:-cuda}; SHAPE=${SHAPE:-llama3.2-1b}; STEPS=${STEPS:-30}; LEN=${LEN:-2048}; BATCH=${BATCH:-4}
 PLAIN=${PLAIN-eager compiled}
-VARIANTS=${VARIANTS:-"compiled compiled_chunked compiled_chunked_noguard"}
+VARIANTS=${VARIANTS-"compiled compiled_chunked compiled_chunked_noguard"}
 { nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 BASE="data.source=synthetic-text model.init=random model.shape=$SHAPE device=$DEV data.num_workers=0 data.max_length=$LEN data.batch_size=$BATCH train.max_steps=$STEPS train.warmup_steps=10 log.progress=false lora.enabled=false precision=bf16 checkpoint.at_end=false train.eval=false ${EXTRA:-}"
