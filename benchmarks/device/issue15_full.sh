@@ -33,6 +33,8 @@ declare -A V=(
   [8b_adamw8bit_ac]="train.compile=true train.optimizer=adamw8bit train.activation_checkpointing=true model.loss_chunk_tokens=1024"
   [8b_adamw8bit]="train.compile=true train.optimizer=adamw8bit model.loss_chunk_tokens=1024"
   [8b_adamw8bit_fp8]="train.compile=true train.optimizer=adamw8bit model.loss_chunk_tokens=1024 model.fp8=tensorwise"
+  [8b_compiled_ac]="train.compile=true train.fused_optimizer=true train.activation_checkpointing=true"
+  [8b_adamw8bit_fp8_whole]="train.compile=true train.optimizer=adamw8bit model.fp8=tensorwise"
   [compiled_ac]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.activation_checkpointing=true"
 )
 row() {  # name result.json
