@@ -20,11 +20,12 @@ def _quiet_enum_registration(record: logging.LogRecord) -> bool:
 logging.getLogger("torch.utils._pytree").addFilter(_quiet_enum_registration)
 
 
-def train(recipe=None, overrides=None):
-    """paratrain.api.train: train as `paratrain run` does and return the result."""
+def train(recipe=None, overrides=None, **objects):
+    """paratrain.api.train: train as `paratrain run` does and return the result; objects:
+    model=, train_data=, val_data=, loss= (your own, instead of the recipe's)."""
     from paratrain.api import train as _train
 
-    return _train(recipe, overrides)
+    return _train(recipe, overrides, **objects)
 
 
 def load_config(recipe=None, overrides=None):

@@ -6,7 +6,14 @@
 
 A multi-process strategy starts its processes through the same torchrun path as the command
 line and returns the result.json they wrote; a mistake raises paratrain.UserError with the
-one line the command would print."""
+one line the command would print.
+
+Your own objects instead of a recipe's model and data (task custom, tasks/custom.py):
+
+    result = paratrain.train(None, {"strategy": "ddp-ds", "launch.nproc": 2},
+                             model=net, train_data=train_set, val_data=val_set, loss=F.mse_loss)
+
+`net` holds the trained weights when train returns, however many processes trained it."""
 
 from __future__ import annotations
 
@@ -35,14 +42,33 @@ def _as_text(value: Any) -> str:
 
 
 def train(
-    recipe: str | Path | RunConfig | None = None, overrides: dict[str, Any] | None = None
+    recipe: str | Path | RunConfig | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    model: Any = None,
+    train_data: Any = None,
+    val_data: Any = None,
+    loss: Any = None,
 ) -> dict[str, Any]:
-    """Train as `paratrain run` does -> the run's result (result.json's contents)."""
+    """Train as `paratrain run` does -> the run's result (result.json's contents). model,
+    train_data (and val_data, loss): your own nn.Module, map-style Datasets of (input, target)
+    and loss(output, target) instead of the recipe's (task custom)."""
     from paratrain.runner import execute, preflight
     from paratrain.trainer.loop import train as train_here
 
-    cfg = recipe if isinstance(recipe, RunConfig) else config(recipe, overrides)
+    given = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
+    custom = any(v is not None for v in given.values())
     try:
+        if custom and (model is None or train_data is None):
+            raise UserError(
+                "paratrain.train: model= and train_data= go together (val_data= "
+                "and loss= are optional)"
+            )
+        if custom:
+            overrides = {**(overrides or {}), "task": "custom"}
+        cfg = recipe if isinstance(recipe, RunConfig) else config(recipe, overrides)
+        if custom:
+            return _train_objects(cfg, given)
         if not cfg.multiprocess:
             preflight(cfg, 1)
             return train_here(cfg)
@@ -55,3 +81,51 @@ def train(
     except UserError as e:
         raise UserError(one_line(e)) from None
     return json.loads((Path(cfg.output_dir) / "result.json").read_text())
+
+
+def _train_objects(cfg: RunConfig, given: dict[str, Any]) -> dict[str, Any]:
+    """Task custom: in this process the objects train in place; several processes get them
+    pickled by value and the trained weights come back into `model` from the final
+    checkpoint."""
+    import os
+    import tempfile
+
+    from paratrain.runner import execute, preflight
+    from paratrain.tasks import custom
+    from paratrain.trainer.loop import train as train_here
+
+    custom.hand_over(given)
+    try:
+        if not cfg.multiprocess:
+            preflight(cfg, 1)
+            return train_here(cfg)
+        if not cfg.checkpoint.at_end:
+            raise UserError(
+                "checkpoint.at_end: several processes train copies of the model; their final "
+                "checkpoint is how the trained weights come back into it: leave it true"
+            )
+        if not cfg.output_dir:
+            from paratrain.trainer.setup import default_output_dir
+
+            cfg.output_dir = default_output_dir(cfg.name)
+        with tempfile.TemporaryDirectory(prefix="paratrain-objects-") as scratch:
+            path = Path(scratch) / "objects.pkl"
+            custom.write(path)
+            os.environ[custom.OBJECTS_ENV] = str(path)
+            try:
+                code = execute(cfg)
+            finally:
+                os.environ.pop(custom.OBJECTS_ENV, None)
+        if code != 0:
+            raise RuntimeError("paratrain: training failed; the workers' errors are above")
+        _load_final(given["model"], Path(cfg.output_dir))
+    finally:
+        custom.hand_over(None)
+    return json.loads((Path(cfg.output_dir) / "result.json").read_text())
+
+
+def _load_final(model, out_dir: Path) -> None:
+    from paratrain.trainer.checkpoint import read_checkpoint, resolve_resume
+
+    state = read_checkpoint(resolve_resume(out_dir))
+    model.load_state_dict(state["model"])

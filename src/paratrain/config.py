@@ -46,9 +46,10 @@ from paratrain.trainer.config import LogConfig, TrainConfig
 class RunConfig:
     name: str = "run"
     """Run name; used in the default output directory and in reports."""
-    task: Literal["auto", "image_classification", "causal_lm"] = "auto"
+    task: Literal["auto", "image_classification", "causal_lm", "custom"] = "auto"
     """What is trained: image_classification or causal_lm (a task owns its data, loss and
-    metrics); auto picks by data.source."""
+    metrics); auto picks by data.source. custom: the model, data sets and loss given to
+    paratrain.train from Python (tasks/custom.py)."""
     strategy: Strategy = "auto"
     """A shorthand for parallel.* degrees and data.sampler: single, dp, ddp-full, ddp-rr, ddp-ds,
     fsdp, tp, pipeline, split (see README); auto lets the degrees decide (one process, or ddp-ds
@@ -389,6 +390,28 @@ def describe_keys(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, st
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
     return rows
+
+
+def for_task(config: dict[str, Any], task: str) -> dict[str, Any]:
+    """A resolved config's dict without the keys of the other task (lora.* and model.shape on
+    an image run, model.name and data.image_size on a language model's): what result.json
+    records, so that it reads as the run it describes."""
+    from paratrain.data import loader
+    from paratrain.models import IMAGE_ONLY, LM_ONLY
+
+    lm = task == "causal_lm"
+    drop = {
+        "model": IMAGE_ONLY if lm else LM_ONLY,
+        "data": loader.IMAGE_ONLY if lm else loader.TEXT_ONLY,
+    }
+    if task == "custom":  # the objects came from Python: no model or data source is read
+        drop["data"] = (*loader.IMAGE_ONLY, *loader.TEXT_ONLY, "source", "path", "limit_samples")
+    gone = {"lora", "model"} if task == "custom" else set() if lm else {"lora"}
+    out = {k: v for k, v in config.items() if k not in gone}
+    for section, keys in drop.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
 
 
 def field_docs(cls: type) -> dict[str, str]:

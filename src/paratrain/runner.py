@@ -69,19 +69,32 @@ def writable_folder(path: str, key: str) -> None:
         raise UserError(f"{key}: cannot write into {ancestor}")
 
 
+def _forkable_main() -> bool:
+    """A fork server's children import the launching process's __main__ (multiprocessing's
+    spawn preparation). Harmless where that is paratrain's own entry point, pytest's, or
+    nothing (a notebook, python -c); a user's script calling paratrain.train would run again
+    in every worker, so its workers start as `python -m paratrain.worker` instead."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if name.split(".")[0] in ("paratrain", "pytest", "xdist"):
+        return True
+    path = getattr(main, "__file__", None)
+    return path is None or Path(path).name in ("paratrain", "pytest", "py.test")
+
+
 def worker_imports(cfg: RunConfig) -> tuple[str, ...]:
     """What a worker imports before it trains, for the agent's fork server to import once."""
     # PARATRAIN_FORKSERVER=0: one `python -m paratrain.worker` per rank, as torchrun alone
     # starts them; =1 forks on GPUs too (there the workers' imports are a small part of a run).
     switch = os.environ.get("PARATRAIN_FORKSERVER", "")
-    if switch == "0":
+    if switch == "0" or not _forkable_main():
         return ()
     if switch != "1" and cfg.device != "cpu":
         import torch
 
         if cfg.device == "cuda" or torch.cuda.is_available():
             return ()
-    task = ("transformers", "peft") if cfg.task == "causal_lm" else ("torchvision",)
+    task = {"causal_lm": ("transformers", "peft"), "custom": ()}.get(cfg.task, ("torchvision",))
     return ("paratrain.worker", "paratrain.trainer.setup", *task)
 
 

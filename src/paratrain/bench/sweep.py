@@ -117,6 +117,25 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
         raise ConfigError(f"--grid: cannot read the values of {text!r}") from None
 
 
+def _check_variant(i: int, variant: Any) -> None:
+    if not isinstance(variant, dict) or set(variant) - {
+        "label",
+        "program",
+        "set",
+        "grid",
+        "timeout_s",
+    }:
+        raise ConfigError(
+            f"sweep.variants[{i}]: expected keys label, program, set, grid, timeout_s; "
+            f"got {variant!r}"
+        )
+    own_timeout = variant.get("timeout_s")
+    if own_timeout is not None and (not isinstance(own_timeout, (int, float)) or own_timeout <= 0):
+        raise ConfigError(
+            f"sweep.variants[{i}].timeout_s: must be a number > 0, got {own_timeout!r}"
+        )
+
+
 def _only(variants: list, texts: list[str]) -> list:
     def label(v: Any) -> str:
         return str(v.get("label", v.get("program", "paratrain"))) if isinstance(v, dict) else ""
@@ -187,30 +206,15 @@ def load_sweep(
     variants = spec.get("variants") or [{}]
     if not isinstance(variants, list):
         raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")
+    for i, variant in enumerate(variants):  # all of them, also those --only leaves out
+        _check_variant(i, variant)
     if only:
         variants = _only(variants, only)
 
     runs: list[RunSpec] = []
     for i, variant in enumerate(variants):
-        if not isinstance(variant, dict) or set(variant) - {
-            "label",
-            "program",
-            "set",
-            "grid",
-            "timeout_s",
-        }:
-            raise ConfigError(
-                f"sweep.variants[{i}]: expected keys label, program, set, grid, timeout_s; "
-                f"got {variant!r}"
-            )
-        own_timeout = variant.get("timeout_s")
-        if own_timeout is not None and (
-            not isinstance(own_timeout, (int, float)) or own_timeout <= 0
-        ):
-            raise ConfigError(
-                f"sweep.variants[{i}].timeout_s: must be a number > 0, got {own_timeout!r}"
-            )
         program = variant.get("program", "paratrain")
+        own_timeout = variant.get("timeout_s")
         if program not in PROGRAMS:
             raise ConfigError(
                 f"sweep.variants[{i}].program: got {program!r}; accepted: {', '.join(PROGRAMS)}"

@@ -150,6 +150,20 @@ def load_source(cfg: DataConfig, seed: int) -> sources.ImageSource:
     return src
 
 
+# Keys that mean something to one kind of data only (result.json leaves the other's out).
+IMAGE_ONLY = ("val_path", "image_size", "resize_on", "channels", "synthetic_samples")
+IMAGE_ONLY += ("synthetic_size", "num_classes")
+TEXT_ONLY = ("max_length", "truncation", "packing", "split")
+
+
+def loader_workers(asked: int) -> int:
+    """data.num_workers, capped to the cores this process may run on: more workers than cores
+    only contend (DataLoader warns of it), as on a 2-core machine with the default 4."""
+    from paratrain.launch import cores
+
+    return min(asked, cores())
+
+
 def build_data(
     cfg: DataConfig,
     *,
@@ -176,7 +190,7 @@ def build_data(
     )
     pin = cfg.pin_memory and device.type == "cuda"  # pinning needs an accelerator to pin for
     common = dict(
-        num_workers=cfg.num_workers,
+        num_workers=loader_workers(cfg.num_workers),
         pin_memory=pin,
         persistent_workers=cfg.persistent_workers,
         prefetch_factor=cfg.prefetch_factor,

@@ -11,8 +11,8 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from torch import nn
 
@@ -25,6 +25,11 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "tiny_cnn": build_tiny_cnn,
 }
 
+# Keys that mean something to one task only: a run's result.json leaves the other task's out.
+IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side")
+LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
+LM_ONLY += ("kernels", "fp8")
+
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -32,6 +37,9 @@ _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 class ModelConfig:
     name: str = "mobilenet_v2"
     """Image model: mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Image model: keyword arguments for the builder beside num_classes and in_channels
+    (`--set model.kwargs.width=64` calls build(num_classes=.., in_channels=.., width=64))."""
     path: str | None = None
     """Language model: a Hugging Face checkpoint directory (any AutoModelForCausalLM)."""
     init: Literal["pretrained", "random"] = "pretrained"
@@ -110,7 +118,13 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
 def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Module:
     builder = resolve_builder(cfg.name)
     try:
-        model = builder(num_classes=num_classes, in_channels=in_channels)
+        model = builder(num_classes=num_classes, in_channels=in_channels, **cfg.kwargs)
+    except TypeError as e:
+        if cfg.kwargs and "argument" in str(e):  # a keyword the builder does not take
+            raise UserError(f"model.kwargs: {cfg.name} does not take them: {e}") from None
+        if cfg.name in MODELS:
+            raise
+        raise UserError(f"model.name: {cfg.name} raised TypeError: {e}") from None
     except Exception as e:
         if cfg.name in MODELS:  # paratrain's own builders: a bug, with its traceback
             raise

@@ -28,6 +28,7 @@ from paratrain.data.samplers import EpochSampler
 TASKS = {
     "image_classification": "paratrain.tasks.image_classification",
     "causal_lm": "paratrain.tasks.causal_lm",
+    "custom": "paratrain.tasks.custom",
 }
 
 
@@ -39,6 +40,8 @@ def resolve_task(task: str, data_source: str) -> str:
     """`auto` -> the task whose data sources include data.source; an explicit task must read it."""
     from paratrain.data.loader import TEXT_SOURCES
 
+    if task == "custom":  # the objects given to paratrain.train: no data source is read
+        return task
     by_source = "causal_lm" if data_source in TEXT_SOURCES else "image_classification"
     if task == "auto":
         return by_source

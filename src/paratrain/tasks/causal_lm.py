@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from paratrain.data.loader import TEXT_FORMATS
+from paratrain.data.loader import TEXT_FORMATS, loader_workers
 from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
@@ -235,7 +235,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     )
     common = dict(
         collate_fn=collate,
-        num_workers=d.num_workers,
+        num_workers=loader_workers(d.num_workers),
         pin_memory=pin,
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from paratrain import metrics
+from paratrain.config import for_task
+from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
 from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
@@ -141,14 +143,18 @@ def build(
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
         "backend": env.backend,
         "data_real": work.info.get("data_real", True),
-        "effective": {"pin_memory": work.info.get("pin_memory"), "loader_batch": run.loader_batch},
+        "effective": {
+            "pin_memory": work.info.get("pin_memory"),
+            "loader_batch": run.loader_batch,
+            "num_workers": loader_workers(cfg.data.num_workers),
+        },
         "workload": work.info,
         "artifacts": artifacts,
         "hardware": metrics.hardware(device, env.world_size),
         "epochs": epochs,
         "summary": summary,
         "output_dir": str(run.out_dir),
-        "config": cfg.to_dict(),
+        "config": for_task(cfg.to_dict(), cfg.task),
     }
 
 
@@ -179,6 +185,8 @@ def print_summary(result: dict[str, Any]) -> None:
         held = (
             f"held-out accuracy {s['val_accuracy']:.4f}"
             if s["val_accuracy"] is not None
+            else f"held-out loss {s['val_loss']:.4f}"  # a custom task's regression
+            if s.get("val_loss") is not None
             else "held-out accuracy n/a"
         )
     layout = result["parallel"]["label"]

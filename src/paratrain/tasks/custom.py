@@ -1,0 +1,219 @@
+"""Your own model, data set and loss, passed to paratrain.train from Python (task: custom).
+
+    paratrain.train(None, {"strategy": "ddp-ds", "launch.nproc": 2},
+                    model=Net(), train_data=train_set, val_data=held_out, loss=F.mse_loss)
+
+The model is any nn.Module; a data set is map-style (len and indexing, so that the ranks can
+share it through the sampler) and yields (input, target) pairs, tensors or tuples / dicts of
+them; loss(output, target) returns the batch's mean (default: cross-entropy). Held out: the
+mean loss, and accuracy where the output holds class scores [batch, classes] for integer
+class targets [batch].
+
+The objects reach a multi-process run's workers pickled by value (cloudpickle: classes defined
+in a notebook or in the script itself travel too), in a file this process wrote for this
+launch, named by PARATRAIN_OBJECTS. Parallelism is applied from outside the model as for any
+other: DDP and FSDP2 (one unit per top-level child module); tensor parallelism, pipeline
+stages and the layer split need a model family's spec and are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from paratrain.data.loader import loader_workers
+from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.distributed import process_group as pg
+from paratrain.errors import UserError
+from paratrain.tasks import Workload
+
+OBJECTS_ENV = "PARATRAIN_OBJECTS"
+_here: dict[str, Any] | None = None  # the objects, in the process that was handed them
+
+
+def hand_over(objects: dict[str, Any]) -> None:
+    """The objects for a run in this process (and for write(), for its workers)."""
+    global _here
+    _here = objects
+
+
+def write(path: Path) -> None:
+    """The handed-over objects, pickled by value, for a launch's workers."""
+    import cloudpickle
+
+    with open(path, "wb") as f:
+        cloudpickle.dump(_here, f)
+
+
+def objects() -> dict[str, Any]:
+    if _here is not None:
+        return _here
+    path = os.environ.get(OBJECTS_ENV)
+    if not path:
+        raise UserError(
+            "task: custom trains the objects given to paratrain.train(model=..., "
+            "train_data=...) from Python; from the command line name a model (model.name) "
+            "and a data source (data.source)"
+        )
+    import pickle
+
+    # Written a moment ago by the process that launched this one, for this launch: the
+    # user's own objects (checkpoints, unlike this, are read without running any code).
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+class CustomSpec:
+    """A model paratrain knows nothing of: its top-level children are the blocks (FSDP's
+    units, what activation checkpointing recomputes)."""
+
+    family = "custom"
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        return [m for m in model.children() if any(True for _ in m.parameters())]
+
+    def _refuse(self, *_: Any, **__: Any):
+        raise UserError(
+            "strategy: a model passed from Python trains with single, dp, ddp-* or fsdp; "
+            "tensor parallelism, pipeline stages and the split need a model paratrain knows"
+        )
+
+    pipeline_units = make_stage = split_units = tp_plan = _refuse
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> None:
+        return None
+
+
+def check(cfg) -> None:
+    p = cfg.parallel
+    if p.tp != 1 or p.pp != 1 or cfg.strategy in ("split", "pipeline", "tp"):
+        raise ValueError(
+            f"strategy: {cfg.strategy}: a model passed from Python trains with single, dp, "
+            "ddp-* or fsdp (tensor parallelism, pipeline stages and the split need a model "
+            "paratrain knows)"
+        )
+
+
+def preflight(cfg, cuda: bool, dims) -> None:
+    got = objects()
+    if not isinstance(got.get("model"), nn.Module):
+        raise UserError(f"model: expected an nn.Module, got {type(got.get('model')).__name__}")
+    for key in ("train_data", "val_data"):
+        data = got.get(key)
+        if data is not None and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise UserError(
+                f"{key}: expected a map-style Dataset (len and indexing), got {type(data).__name__}"
+            )
+
+
+def _moved(value: Any, device: torch.device, dtype: torch.dtype, non_blocking: bool) -> Any:
+    """A batch on the device; floating inputs in the run's parameter dtype (fp64 runs)."""
+    if isinstance(value, torch.Tensor):
+        value = value.to(device, non_blocking=non_blocking)
+        return value.to(dtype) if value.is_floating_point() and dtype != value.dtype else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_moved(v, device, dtype, non_blocking) for v in value)
+    if isinstance(value, dict):
+        return {k: _moved(v, device, dtype, non_blocking) for k, v in value.items()}
+    return value
+
+
+def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+    got = objects()
+    model: nn.Module = got["model"]
+    train_set, val_set = got["train_data"], got.get("val_data")
+    loss_fn = got.get("loss") or F.cross_entropy
+    d = cfg.data
+    if len(train_set) < loader_batch * dims.dp_size:
+        raise UserError(
+            f"data.batch_size: {len(train_set)} training samples are fewer than one batch on "
+            f"every data-parallel rank ({loader_batch} x {dims.dp_size})"
+        )
+    model = model.to(device=env.device, dtype=policy.param_dtype)
+    pin = d.pin_memory and env.device.type == "cuda"
+    common = dict(num_workers=loader_workers(d.num_workers), pin_memory=pin)
+    sampler = EpochSampler(
+        build_sampler(
+            d.sampler,
+            len(train_set),
+            rank=dims.dp_rank,
+            world=dims.dp_size,
+            shuffle=d.shuffle,
+            seed=cfg.seed,
+        )
+    )
+    train = DataLoader(
+        train_set,
+        batch_size=loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed + dims.dp_rank),
+        **common,
+    )
+    val = None
+    if val_set is not None:
+        # even: under FSDP every forward is a collective, so every rank runs the same count
+        val_sampler = RoundRobinSampler(
+            len(val_set), dims.dp_size, dims.dp_rank, shuffle=False, even=collective_forward
+        )
+        val = DataLoader(val_set, batch_size=loader_batch, sampler=val_sampler, **common)
+
+    def on_device(loader):
+        class Moved:
+            def __len__(self):
+                return len(loader)
+
+            def __iter__(self):
+                for batch in loader:
+                    yield _moved(batch, env.device, policy.param_dtype, d.non_blocking)
+
+        return Moved()
+
+    def loss(model, batch):
+        x, y = batch
+        return loss_fn(model(x), y), None
+
+    @torch.no_grad()
+    def evaluate(model, loader) -> dict[str, float]:
+        """Mean held-out loss (and accuracy for class scores), summed over ranks."""
+        model.eval()
+        loss_sum = torch.zeros((), device=env.device, dtype=torch.float64)
+        correct = torch.zeros((), device=env.device, dtype=torch.float64)
+        count, classified = 0, True
+        for x, y in loader:
+            with policy.autocast():
+                out = model(x)
+                loss_sum += loss_fn(out, y).double() * len(y)
+            count += len(y)
+            scores = isinstance(out, torch.Tensor) and out.ndim == 2 and y.ndim == 1
+            if scores and not y.is_floating_point():
+                correct += (out.argmax(dim=1) == y).sum()
+            else:
+                classified = False
+        s, c, n = pg.all_reduce_sum([loss_sum.item(), correct.item(), float(count)], env.device)
+        out = {"val_loss": s / max(n, 1)}
+        if classified:
+            out["val_accuracy"] = c / max(n, 1)
+        return out
+
+    return Workload(
+        model=model,
+        spec=CustomSpec(),
+        train=on_device(train),
+        val=on_device(val) if val is not None else None,
+        sampler=sampler,
+        loss=loss,
+        evaluate=evaluate,
+        info={
+            "data_real": True,
+            "model_class": type(model).__name__,
+            "train_samples": len(train_set),
+            "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
+        },
+    )
