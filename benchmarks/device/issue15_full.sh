@@ -35,6 +35,9 @@ declare -A V=(
   [8b_adamw8bit_fp8]="train.compile=true train.optimizer=adamw8bit model.loss_chunk_tokens=1024 model.fp8=tensorwise"
   [8b_compiled_ac]="train.compile=true train.fused_optimizer=true train.activation_checkpointing=true"
   [8b_adamw8bit_fp8_whole]="train.compile=true train.optimizer=adamw8bit model.fp8=tensorwise"
+  [fsdp_offload]="strategy=fsdp parallel.cpu_offload=true train.compile=true train.fused_optimizer=true"
+  [8b_fsdp_offload_8bit_ac]="strategy=fsdp parallel.cpu_offload=true train.optimizer=adamw8bit train.activation_checkpointing=true train.compile=true"
+  [8b_fsdp_offload_ac]="strategy=fsdp parallel.cpu_offload=true train.fused_optimizer=true train.activation_checkpointing=true train.compile=true"
   [compiled_ac]="train.compile=true train.fused_optimizer=true model.loss_chunk_tokens=1024 train.activation_checkpointing=true"
 )
 row() {  # name result.json

@@ -93,6 +93,11 @@ class RunConfig:
                 f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
                 f"{self.strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
             )
+        if p.cpu_offload and not (self.strategy == "fsdp" or p.dp_shard != 1):
+            raise ValueError(
+                f"parallel.cpu_offload: moves FSDP's shards to host memory; strategy "
+                f"{self.strategy} has none (use strategy=fsdp, on one GPU too)"
+            )
         sharded = self.strategy == "fsdp" or p.dp_shard != 1 or p.tp != 1 or p.pp != 1
         if self.lora.save_merged and sharded:
             raise ValueError(

@@ -176,7 +176,9 @@ def test_four_ranks_equal_single_with_world_times_batch(
 ):
     """Seed scale (4 processes, issue 5) on the CPU: 4 x 8 samples per step is one process's 32.
     ddp-ds reaches its 8 as 2 accumulated micro-batches of 4 (the first under no_sync); FSDP2
-    shards weights, gradients and optimizer state, yet makes the same update."""
+    shards weights, gradients and optimizer state, yet makes the same update, here with the
+    shards offloaded (parallel.cpu_offload: FSDP2's CPUOffloadPolicy, its host-side optimizer
+    step; plain FSDP2 is test_lm.py's and test_model_parallel.py's)."""
     out = train_run(
         tmp_path,
         f"{strategy}4",
@@ -187,6 +189,7 @@ def test_four_ranks_equal_single_with_world_times_batch(
         f"data.batch_size={batch}",
         "--set",
         f"train.grad_accum_steps={accum}",
+        *(["--set", "parallel.cpu_offload=true"] if strategy == "fsdp" else []),
         "--nproc",
         "4",
     )
@@ -194,6 +197,7 @@ def test_four_ranks_equal_single_with_world_times_batch(
     r = read_result(out)
     assert r["world_size"] == 4 and r["strategy"] == strategy
     assert r["config"]["train"]["grad_accum_steps"] == accum
+    assert r["config"]["parallel"]["cpu_offload"] is (strategy == "fsdp")
 
 
 def compressed_run(tmp_path, tiny_overrides, kind, *extra):

@@ -85,6 +85,10 @@ BAD = [
         "ddp.gradient_compression: compresses DDP's all-reduce; strategy fsdp has none",
     ),
     (["--set", "ddp.powersgd_start_step=1"], "ddp.powersgd_start_step: must be >= 2"),
+    (
+        ["--set", "strategy=ddp-ds", "--set", "parallel.cpu_offload=true"],
+        "parallel.cpu_offload: moves FSDP's shards to host memory; strategy ddp-ds has none",
+    ),
     (["--set", "data.num_workers=-2"], "data.num_workers: must be >= 0"),
     (["--set", "scaler.backoff_factor=2"], "scaler.backoff_factor: must be in (0, 1)"),
     (

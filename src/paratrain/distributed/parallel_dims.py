@@ -44,6 +44,11 @@ class ParallelConfig:
     loss_parallel: bool = True
     """With tp > 1 (and pp = 1): lm_head's logits stay split over the vocabulary and the
     cross-entropy is computed on the shards (torch's loss_parallel); false gathers whole logits."""
+    cpu_offload: bool = False
+    """With FSDP (strategy=fsdp, dp_shard > 1, or fsdp on one GPU): the sharded weights,
+    gradients and optimizer state live in host memory and the optimizer step runs on the CPU
+    (FSDP2's CPUOffloadPolicy); each block's weights come to the GPU for its forward and
+    backward. For models whose training state does not fit the GPUs; slower."""
 
     def __post_init__(self) -> None:
         for axis in AXES:

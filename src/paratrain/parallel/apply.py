@@ -89,9 +89,9 @@ def parallelize(
             for stage in stage_modules:
                 held = {id(m) for m in stage.modules()}
                 blocks = [b for b in spec.blocks(model) if id(b) in held]
-                apply_fsdp(stage, blocks, mesh, policy)
+                apply_fsdp(stage, blocks, mesh, policy, parallel.cpu_offload)
             return inner, inner
-        return apply_fsdp(inner, spec.blocks(model), mesh, policy), inner
+        return apply_fsdp(inner, spec.blocks(model), mesh, policy, parallel.cpu_offload), inner
     if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
         return apply_ddp(inner, device, ddp), inner
     if wrapper == "data-parallel":

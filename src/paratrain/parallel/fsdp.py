@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 
-def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, policy=None) -> nn.Module:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def apply_fsdp(
+    model: nn.Module, blocks: list[nn.Module], mesh, policy=None, cpu_offload: bool = False
+) -> nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     # Low-precision runs all-gather and compute in the autocast dtype (one dtype per group, as
     # FSDP2 requires when LoRA's fp32 adapters sit beside bf16 base weights) and reduce
@@ -25,8 +27,14 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, policy=None) -> 
         if low
         else MixedPrecisionPolicy()
     )
+    # Offloaded shards sit in pinned host memory where there is a GPU to copy them to.
+    extra = (
+        {"offload_policy": CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")}
+        if cpu_offload
+        else {}
+    )
     for block in blocks:
         if any(True for _ in block.parameters()):  # a pipeline stage's other blocks: Identity
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp, **extra)
+    fully_shard(model, mesh=mesh, mp_policy=mp, **extra)
     return model
