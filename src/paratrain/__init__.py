@@ -6,6 +6,7 @@ fastest for your model.
 """
 
 import logging
+import warnings
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,11 @@ def _quiet_enum_registration(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("torch.utils._pytree").addFilter(_quiet_enum_registration)
+# peft asks transformers (>= 5) for a property it renamed, in every process of a LoRA run:
+# theirs to change, nothing the user can act on.
+warnings.filterwarnings(
+    "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+)
 
 
 def train(recipe=None, overrides=None, **objects):

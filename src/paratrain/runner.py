@@ -3,6 +3,7 @@ torchrun's agent (launch.py), and report where the result went."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -46,6 +47,8 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
             f"launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got {world}"
         )
     task_module(cfg.task).preflight(cfg, cuda, dims)
+    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
+        raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
     if cfg.output_dir:
         writable_folder(cfg.output_dir, "output_dir")
     if cfg.checkpoint.dir:

@@ -41,3 +41,48 @@ def test_the_step_log_can_be_off(tmp_path):
     result = train(load_config(None, [*settings, f"output_dir={out}"]))
     assert not (out / "steps.jsonl").exists() and not (out / "tensorboard").exists()
     assert "steps" not in result["artifacts"]
+
+
+def test_weights_and_biases_gets_the_same_points(tmp_path, monkeypatch):
+    """log.wandb=true, offline (wandb's files in the run folder): every point of the step log
+    logged to the wandb run at its step, the run named and configured; a machine without
+    wandb is told so before anything starts."""
+    from paratrain.errors import UserError
+    from paratrain.runner import preflight
+
+    out = tmp_path / "run"
+    settings = [*TINY_LM, "lora.enabled=false", "train.max_steps=4", "log.every_steps=2"]
+    settings += ["log.wandb=true", "name=wb-test", f"output_dir={out}"]
+    cfg = load_config(None, settings)
+    try:
+        import wandb
+    except ImportError:
+        with pytest.raises(UserError, match="log.wandb: the wandb package is not installed"):
+            preflight(cfg, 1)
+        pytest.skip("wandb is not installed: only the refusal was checked")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    seen, real_init = [], wandb.init
+
+    def init(**kwargs):
+        run = real_init(**kwargs)
+        real_log = run.log
+        seen.append(kwargs)
+
+        def log(data, step=None, **more):
+            seen.append((step, dict(data)))
+            return real_log(data, step=step, **more)
+
+        run.log = log
+        return run
+
+    monkeypatch.setattr(wandb, "init", init)
+    train(cfg)
+    points = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    first, *logged = seen
+    assert first["name"] == "wb-test" and first["config"]["train"]["max_steps"] == 4
+    assert [step for step, _ in logged] == [2, 4]
+    for (_, data), point in zip(logged, points, strict=True):
+        assert data["train/loss"] == point["loss"] and data["train/grad_norm"] > 0
+    (events,) = (out / "wandb").glob("offline-run-*/run-*.wandb")  # wandb wrote its run
+    assert events.stat().st_size > 0

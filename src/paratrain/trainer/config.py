@@ -153,6 +153,12 @@ class LogConfig:
     tensorboard: bool = True
     """The same as TensorBoard events in <output_dir>/tensorboard/ (when the tensorboard package
     is installed)."""
+    wandb: bool = False
+    """The same to Weights & Biases too (pip install wandb; wandb's own login, or
+    WANDB_MODE=offline to keep it in <output_dir>/wandb/): a run named after the run, its
+    config the resolved config."""
+    wandb_project: str = "paratrain"
+    """The Weights & Biases project the runs go to."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:

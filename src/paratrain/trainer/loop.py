@@ -86,8 +86,17 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     run_start = time.perf_counter()
     has_loss = run.pipe is None or run.pipe.last  # a pipeline's loss lives on its last stage
     stalls = StallMeter(cfg.dist.watchdog_s)  # steps far slower than usual, out of throughput
+    logged = env.is_main and cfg.log.steps
     steplog = StepLog(
-        run.out_dir, env.is_main and cfg.log.steps, cfg.log.tensorboard, resumed=start_step > 0
+        run.out_dir,
+        logged,
+        cfg.log.tensorboard,
+        resumed=start_step > 0,
+        wandb=(
+            {"project": cfg.log.wandb_project, "name": cfg.name, "config": cfg.to_dict()}
+            if logged and cfg.log.wandb
+            else None
+        ),
     )
     lm = cfg.task == "causal_lm"
     copies = 1 if run.redundant else run.dims.dp_size  # tokens: rank 0's, times the replicas

@@ -4,7 +4,7 @@
 <output_dir>`). What each point holds: the mean loss of the steps since the last point (rank 0's
 micro-batches; a pipeline's loss lives on its last stage and is absent here), the learning
 rate, the gradient norm (where rank 0 holds whole gradients: one process, DDP; absent under
-sharding), throughput over the interval, memory, and the loss scale under fp16."""
+sharding), throughput over the interval, memory, and the loss scale under fp16; with log.wandb, to Weights & Biases as well."""
 
 from __future__ import annotations
 
@@ -16,10 +16,19 @@ import torch
 
 
 class StepLog:
-    def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, resumed: bool):
+    def __init__(
+        self,
+        out_dir: Path,
+        enabled: bool,
+        tensorboard: bool,
+        resumed: bool,
+        wandb: dict | None = None,
+    ):
+        """wandb: wandb.init's arguments (project, name, config) to log there too."""
         self.enabled = enabled
         self.path = out_dir / "steps.jsonl"
         self.writer = None
+        self.wandb = None
         self.last: tuple[int, float, float, float] | None = None  # step, loss sum, time, units
         if not enabled:
             return
@@ -33,6 +42,10 @@ class StepLog:
                 self.writer = None
             else:
                 self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+        if wandb is not None:  # checked installed before any process started (runner)
+            import wandb as wb
+
+            self.wandb = wb.init(dir=str(out_dir), resume="allow", **wandb)
 
     def start(self, step: int, loss_sum: float, seconds: float, units: float) -> None:
         """An epoch begins (its sums start from zero) or the run does."""
@@ -70,10 +83,16 @@ class StepLog:
         self.last = (step, loss_sum if loss_sum is not None else 0.0, seconds, units)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        scalars = {
+            f"train/{key}": value
+            for key, value in record.items()
+            if key not in ("step", "time") and isinstance(value, (int, float))
+        }
         if self.writer is not None:
-            for key, value in record.items():
-                if key not in ("step", "time") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"train/{key}", value, step)
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
         return record
 
     def close(self) -> Path | None:
@@ -81,6 +100,8 @@ class StepLog:
         points."""
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         if not self.enabled or not self.path.is_file():
             return None
         points = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
