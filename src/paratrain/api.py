@@ -64,6 +64,11 @@ def train(
                 "paratrain.train: model= and train_data= go together (val_data= "
                 "and loss= are optional)"
             )
+        if custom and isinstance(recipe, RunConfig):
+            raise UserError(
+                "paratrain.train: with model= and train_data=, give a recipe path (or None) and "
+                "overrides, not a RunConfig (its task is already resolved)"
+            )
         if custom:
             overrides = {**(overrides or {}), "task": "custom"}
         cfg = recipe if isinstance(recipe, RunConfig) else config(recipe, overrides)
@@ -108,24 +113,47 @@ def _train_objects(cfg: RunConfig, given: dict[str, Any]) -> dict[str, Any]:
             from paratrain.trainer.setup import default_output_dir
 
             cfg.output_dir = default_output_dir(cfg.name)
+        import sys
+
+        saved = {k: os.environ.get(k) for k in (custom.OBJECTS_ENV, "PYTHONPATH")}
         with tempfile.TemporaryDirectory(prefix="paratrain-objects-") as scratch:
             path = Path(scratch) / "objects.pkl"
             custom.write(path)
             os.environ[custom.OBJECTS_ENV] = str(path)
+            # classes the objects name by module (a module beside the calling script) import
+            # in the workers as here
+            here = [p for p in sys.path if p and Path(p).is_dir()]
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [*here, *filter(None, [saved["PYTHONPATH"]])]
+            )
             try:
                 code = execute(cfg)
             finally:
-                os.environ.pop(custom.OBJECTS_ENV, None)
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         if code != 0:
             raise RuntimeError("paratrain: training failed; the workers' errors are above")
-        _load_final(given["model"], Path(cfg.output_dir))
+        _load_final(given["model"], cfg)
     finally:
         custom.hand_over(None)
     return json.loads((Path(cfg.output_dir) / "result.json").read_text())
 
 
-def _load_final(model, out_dir: Path) -> None:
+def _load_final(model, cfg: RunConfig) -> None:
+    """The final checkpoint's weights into the model given (checkpoints leave frozen
+    parameters out: those the model holds already)."""
     from paratrain.trainer.checkpoint import read_checkpoint, resolve_resume
+    from paratrain.trainer.setup import checkpoint_dir
 
-    state = read_checkpoint(resolve_resume(out_dir))
-    model.load_state_dict(state["model"])
+    where = checkpoint_dir(cfg, Path(cfg.output_dir))
+    state = read_checkpoint(resolve_resume(where))
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if unexpected or any(k in trainable for k in missing):
+        raise RuntimeError(
+            f"paratrain: the final checkpoint in {where} does not fit the model given "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )

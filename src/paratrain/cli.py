@@ -133,6 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     flight.add_argument("folder", help="a run folder, or its flight_recorder/ folder")
     flight.set_defaults(func=cmd_flight)
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="measure this machine (copies, memory, matmuls, disk, a recipe's loader) and advise",
+        description="Versions, devices, NUMA; host<->device copies pinned and pageable, memory "
+        "bandwidth, matmul TFLOP/s, the disk's read rate; with --recipe, the recipe's loader "
+        "alone against a few of its training steps. Each measurement beside what it should be, "
+        "then advice lines. Writes doctor.json.",
+    )
+    doctor.add_argument("--recipe", help="also time this recipe's loader against its steps")
+    doctor.add_argument("--data-path", help="a data folder or file whose read rate to measure")
+    doctor.add_argument("--out", default="doctor", help="where doctor.json goes (default doctor/)")
+    doctor.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
+    doctor.set_defaults(func=cmd_doctor)
+
     comm = sub.add_parser(
         "comm",
         help="time NCCL / gloo collectives over message sizes (algorithm and bus bandwidth)",
@@ -331,6 +345,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"paratrain: step {written['step']} of {written['source']} -> {args.out} "
         f"({written['format']}: {', '.join(written['files'])})"
     )
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from paratrain import doctor
+
+    if args.recipe and not Path(args.recipe).is_file():
+        raise UserError(f"--recipe: no such file {args.recipe}")
+    if args.data_path and not Path(args.data_path).exists():
+        raise UserError(f"--data-path: no such file or folder {args.data_path}")
+    if args.recipe:
+        from paratrain.config import load_config
+
+        load_config(args.recipe)  # a bad recipe: its one line now, before anything is timed
+    found = doctor.run(args.recipe, Path(args.out), args.data_path, args.quick)
+    doctor.print_report(found)
+    print(f"paratrain doctor: {Path(args.out) / 'doctor.json'}")
     return 0
 
 

@@ -165,8 +165,12 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = ()) -> None:
         ] + argv
     args = get_args_parser().parse_args(["--start-method=forkserver", *argv])
     config, _, cmd_args = config_from_args(args)
-    # The fork server is started once per process and kept: what may differ between two
-    # launches from one process (the environment) travels with each call, not in the server.
+    # A fork server of this launch's own: Python keeps one per process, and a second launch
+    # (paratrain.train twice, a notebook) would fork from one holding the first launch's
+    # stdout / stderr, environment and anything read at import (PARATRAIN_FAULTS).
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
     multiprocessing.set_forkserver_preload(list(preload))
     from paratrain.worker import forked
 

@@ -47,9 +47,18 @@ def forked(config_path: str, environ: dict[str, str]) -> None:
     for key in [k for k in os.environ if k not in ours and k not in environ]:
         del os.environ[key]
     os.environ.update({k: v for k, v in environ.items() if k not in ours})
-    # as `python -u` would: every line out at once (a killed rank's last lines are kept)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)
+    # unbuffered, as `python -u` makes a worker's output: a killed rank's last words and a
+    # progress bar's "\r" updates are out at once
+    import io
+
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        raw = os.fdopen(old.fileno(), "wb", buffering=0, closefd=False)
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, write_through=True),
+        )
     code = main([config_path])
     if code:
         raise SystemExit(code)

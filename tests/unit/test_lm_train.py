@@ -338,3 +338,27 @@ def test_model_flops_count_a_tied_lm_head_as_the_matmul_it_is():
     matmuls = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
     assert counts[True] == counts[False] == 6 * matmuls + 12 * layers * h * 32
     assert matmuls > v * h  # the lm_head is in it
+
+
+def test_the_compiled_loss_takes_only_a_plain_lm_head():
+    """WholeLoss computes hidden @ lm_head.weight.T: only where that is all lm_head does. A bias,
+    LoRA on lm_head or the config's logit soft-capping keep the model's own loss."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.loss import plain_head
+
+    def tiny():
+        return build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, "cpu")
+
+    assert plain_head(tiny())
+    biased = tiny()
+    biased.lm_head = torch.nn.Linear(biased.lm_head.in_features, biased.lm_head.out_features)
+    assert not plain_head(biased)
+    capped = tiny()
+    capped.config.final_logit_softcapping = 30.0
+    assert not plain_head(capped)
+    adapted = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
+    assert not plain_head(adapted)
+    assert plain_head(get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"])))

@@ -136,7 +136,9 @@ def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
                 continue
             if point.get("loss") is not None:
                 points.append([point["step"], point["loss"]])
-        return points
+        # a restarted or resumed run appends from its checkpoint's step: the latest point of a
+        # step stands
+        return sorted({step: [step, loss] for step, loss in points}.values())
     losses = (result.get("summary") or {}).get("losses") or []
     return [[i, loss] for i, loss in enumerate(losses, start=1)]
 

@@ -17,7 +17,7 @@ from paratrain.lm import data as lmdata
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora
-from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum
+from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
 from paratrain.parallel.pipeline import PipelineHooks, check_interleaved, local_stages
 from paratrain.parallel.tp import whole_tensor
@@ -185,7 +185,8 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     model = apply_fp8(model, m.fp8, env.device)
     model = apply_lora(model, cfg.lora).to(env.device)
     spec = CausalLMSpec()
-    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled or cfg.train.compile:
+    compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
+    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled or compiled_loss:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;
         # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)
         fused = "none" if m.loss_chunk_tokens else m.kernels

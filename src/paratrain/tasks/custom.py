@@ -187,19 +187,25 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         correct = torch.zeros((), device=env.device, dtype=torch.float64)
         count, classified = 0, True
         for x, y in loader:
+            n = y.shape[0] if isinstance(y, torch.Tensor) else len(x)
             with policy.autocast():
                 out = model(x)
-                loss_sum += loss_fn(out, y).double() * len(y)
-            count += len(y)
-            scores = isinstance(out, torch.Tensor) and out.ndim == 2 and y.ndim == 1
-            if scores and not y.is_floating_point():
+                loss_sum += loss_fn(out, y).double() * n
+            count += n
+            scores = isinstance(out, torch.Tensor) and out.ndim == 2
+            if scores and isinstance(y, torch.Tensor) and y.ndim == 1 and not y.is_floating_point():
                 correct += (out.argmax(dim=1) == y).sum()
             else:
                 classified = False
-        s, c, n = pg.all_reduce_sum([loss_sum.item(), correct.item(), float(count)], env.device)
-        out = {"val_loss": s / max(n, 1)}
-        if classified:
-            out["val_accuracy"] = c / max(n, 1)
+        # every rank must agree on whether accuracy means anything (a rank with no held-out
+        # batch saw nothing to say no)
+        flags = [loss_sum.item(), correct.item(), float(count), float(not classified and count > 0)]
+        s, c, n, unclassified = pg.all_reduce_sum(flags, env.device)
+        if n == 0:
+            return {}
+        out = {"val_loss": s / n}
+        if not unclassified:
+            out["val_accuracy"] = c / n
         return out
 
     return Workload(

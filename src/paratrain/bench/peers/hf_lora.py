@@ -100,6 +100,10 @@ def main() -> None:
         shuffle=cfg.data.shuffle,
         seed=cfg.seed,
     )
+    if len(sampler) < batch:  # no step would ever be taken
+        common.fail(
+            f"data.batch_size: {len(sampler)} rows per rank are fewer than one batch ({batch})"
+        )
     total = cfg.train.max_steps or 30
     meter = common.Meter(device, cfg.train.warmup_steps, total, keep_losses=True)
     model.train()

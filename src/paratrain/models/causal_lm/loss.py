@@ -30,6 +30,27 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def plain_head(model: nn.Module) -> bool:
+    """_plain_head of a model, a peft model too (whose base holds lm_head)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _plain_head(base)
+
+
+def _plain_head(base: nn.Module) -> bool:
+    """lm_head is logits = hidden @ weight.T and nothing else: a bias-free nn.Linear (not peft's
+    LoRA layer, not a tensor-parallel DTensor) and no logit scaling or soft-capping in the
+    model's config (Gemma, Granite, Cohere): then WholeLoss computes what the model would."""
+    head, config = base.lm_head, base.config
+    return (
+        isinstance(head, nn.Linear)  # FSDP2 and torchao subclass it; peft's LoRA layer does not
+        and head.bias is None
+        and not _is_dtensor(head.weight)
+        and not getattr(config, "final_logit_softcapping", None)
+        and getattr(config, "logit_scale", None) in (None, 1, 1.0)
+        and getattr(config, "logits_scaling", None) in (None, 1, 1.0)
+    )
+
+
 def _chunk_loss_sum(
     hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
@@ -140,9 +161,10 @@ class ChunkedLossLM(nn.Module):
         hidden = base.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
+        labels = labels.to(hidden.device)  # strategy=split: the last layers' GPU
         if self.fused.startswith("liger"):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
-        elif not self.chunk and not _is_dtensor(base.lm_head.weight):
+        elif not self.chunk and _plain_head(base):
             loss = self.whole_loss(hidden, labels, base.lm_head.weight)
         elif not self.chunk:  # tensor parallel: lm_head's DTensor output under loss_parallel
             loss = next_token_loss(base.lm_head(hidden), labels)
