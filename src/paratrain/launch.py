@@ -18,6 +18,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 
 @dataclass(kw_only=True)
@@ -37,6 +38,11 @@ class LaunchConfig:
     default: this machine's cores over the processes on this node. `paratrain bench` gives
     every run of a sweep the same (the cores over the sweep's largest process count), so that a
     1-process run is not measured with the cores a 2-process run splits."""
+    numa_affinity: Literal["off", "node", "socket", "exclusive", "core-complex"] = "off"
+    """Bind each rank's process and threads to the CPUs near its GPU: torchrun's own NUMA
+    binding (--numa-binding; torch.numa.binding's modes: node, the GPU's NUMA node; socket;
+    exclusive, the node's cores split between its GPUs; core-complex, one L3 domain). GPUs
+    only; `paratrain doctor` names each GPU's node."""
 
     def __post_init__(self) -> None:
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -107,6 +113,8 @@ def torchrun_argv(
     cfg: LaunchConfig, nproc: int, config_path: Path, module: str = "paratrain.worker"
 ) -> list[str]:
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={cfg.max_restarts}"]
+    if cfg.numa_affinity != "off":
+        argv.append(f"--numa-binding={cfg.numa_affinity}")
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         argv.append("--standalone")
     else:
@@ -117,6 +125,28 @@ def torchrun_argv(
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
     return argv + ["-m", module, str(config_path)]
+
+
+def check_numa_affinity(cfg: LaunchConfig, cuda: bool) -> None:
+    """Before any process starts: the binding needs GPUs to bind near, and a torchrun that
+    binds (torch >= 2.9)."""
+    if cfg.numa_affinity == "off":
+        return
+    from paratrain.errors import UserError
+
+    if not cuda:
+        raise UserError(
+            "launch.numa_affinity: binds each rank near its GPU and no GPU is in use; set it off"
+        )
+    from torch.distributed.run import get_args_parser
+
+    if not any("--numa-binding" in a.option_strings for a in get_args_parser()._actions):
+        import torch
+
+        raise UserError(
+            f"launch.numa_affinity: torch {torch.__version__}'s torchrun has no --numa-binding "
+            "(torch >= 2.9 has); set it off, or bind with numactl"
+        )
 
 
 def cores() -> int:

@@ -37,6 +37,8 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
             f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
             "use at most one process per GPU, or device=cpu"
         )
+    if cfg.multiprocess:
+        launch.check_numa_affinity(cfg.launch, cuda)
     world = world or (nproc * cfg.launch.nnodes if cfg.multiprocess else 1)
     try:  # the degrees must multiply to the process count: say so before launching any
         dims = ParallelDims.from_config(cfg.parallel, world, "cuda" if cuda else "cpu")

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from paratrain.launch import (
     LaunchConfig,
     first_slurm_host,
@@ -62,3 +64,24 @@ def test_torchrun_argv_multi_node_uses_c10d():
 
     args = get_args_parser().parse_args(argv)
     assert args.nnodes == "2" and args.rdzv_endpoint == "head:29400" and args.module
+
+
+def test_numa_affinity_is_torchruns_own_binding_and_needs_a_gpu(tmp_path):
+    from paratrain.config import load_config
+    from paratrain.errors import UserError
+    from paratrain.runner import preflight
+
+    argv = torchrun_argv(LaunchConfig(numa_affinity="node"), 8, Path("c.yaml"))
+    assert "--numa-binding=node" in argv
+    assert not any(a.startswith("--numa") for a in torchrun_argv(LaunchConfig(), 8, Path("c")))
+    # torchrun itself reads it (torch >= 2.9): the flag we pass is one it has
+    from torch.distributed.run import get_args_parser
+
+    parsed = get_args_parser().parse_args([*argv[:-3], "-m", "x"])
+    assert str(parsed.numa_binding).endswith("node")
+    cfg = load_config(
+        None,
+        ["device=cpu", "strategy=ddp-ds", "launch.numa_affinity=node", f"output_dir={tmp_path}"],
+    )
+    with pytest.raises(UserError, match="launch.numa_affinity: binds each rank near its GPU"):
+        preflight(cfg, 2)

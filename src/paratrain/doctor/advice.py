@@ -106,8 +106,9 @@ def numa(found: dict) -> list[str]:
         node = g["numa_node"]
         out.append(
             f"GPU {g['index']} sits on NUMA node {node}: bind its rank there "
-            f"(numactl --cpunodebind={node} --membind={node}); host-side copies and the "
-            "loader's workers then stay on its socket"
+            f"(launch.numa_affinity=node, torchrun's own binding; or numactl "
+            f"--cpunodebind={node} --membind={node}); host-side copies and the loader's "
+            "workers then stay on its socket"
         )
     return out
 
