@@ -153,10 +153,18 @@ def test_profiled_steps_come_after_warm_up_and_before_the_measurement(tmp_path):
     top = s["profile"]
     assert top and all(t["ms_per_step"] >= 0 and 0 <= t["share"] <= 1 for t in top)
     assert any("conv" in t["name"] or "addmm" in t["name"] for t in top)  # the model's work
+    # the step by phase: each phase's span, and what no phase covers, add up to the wall time
+    phases = s["profile_phases"]
+    assert list(phases["phases"]) == ["data", "forward", "backward", "checks", "optimizer"]
+    spans = [v["cpu_ms"] for v in phases["phases"].values()]
+    assert all(ms > 0 for ms in spans) and phases["phases"]["backward"]["cpu_ms"] > 0
+    assert sum(spans) + phases["other_ms"] == pytest.approx(phases["wall_ms"], rel=1e-6)
+    assert "phases of the step" in table and (out / "phases.png").read_bytes()[:4] == b"\x89PNG"
     plain = train(
         load_config(None, BASE + [f"output_dir={tmp_path / 'plain'}", "train.max_steps=3"])
     )
     assert plain["summary"]["profile"] is None and not (tmp_path / "plain" / "profile.txt").exists()
+    assert plain["summary"]["profile_phases"] is None
 
 
 def test_compile_options_reach_torch_compile(tmp_path, monkeypatch):

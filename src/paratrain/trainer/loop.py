@@ -230,6 +230,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         wall_s=time.perf_counter() - run_start,
         telemetry=telemetry,
         profile=profiler.summary,
+        phases=profiler.phases,
         artifacts=artifacts,
         stalls={"slow_steps": stalls.stalls, "stragglers": watchdog.incidents},
     )

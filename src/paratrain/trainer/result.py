@@ -56,6 +56,7 @@ def build(
     telemetry: list,
     profile,
     artifacts: dict,
+    phases: dict | None = None,
     stalls: dict | None = None,
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
@@ -91,6 +92,7 @@ def build(
         "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         "profile": profile,  # rank 0's top operators per step, when profiled
+        "profile_phases": phases,  # rank 0's step by phase (profiling.phase_times)
     }
     summary.setdefault("val_accuracy", None)
     accuracies = [

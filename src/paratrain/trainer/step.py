@@ -12,6 +12,7 @@ import torch.distributed as dist
 from paratrain import faults
 from paratrain.parallel.apply import gradient_sync
 from paratrain.parallel.tp import replicate_partial_grads, whole_tensor
+from paratrain.profiling import phase
 
 
 def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
@@ -19,6 +20,7 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
     tokens it trained on, or None for images; whether the step was applied: False when its
     loss or gradients were not finite on some rank, and every rank skipped the update)."""
     k, work, scaler = run.k, run.work, run.scaler
+    cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
     with run.step_context():  # loss_parallel under TP: forward and backward inside it
         if run.pipe is not None:  # forward and backward of every micro-batch, stage by stage
@@ -28,16 +30,18 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
             tokens = work.pipeline.tokens(batch)
         else:
             for micro in range(k):
-                batch = next(batches)
+                with phase("data", cuda):
+                    batch = next(batches)
                 # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
                 # or reduce-scatters (FSDP).
                 with gradient_sync(run.model, enabled=micro == k - 1):
-                    with run.policy.autocast():
+                    with phase("forward", cuda), run.policy.autocast():
                         loss, n_tokens = work.loss(run.model, batch)
                         if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
                             loss = loss / k
                     # backward: DDP all-reduces gradient buckets here, overlapped with compute
-                    (scaler.scale(loss) if scaler else loss).backward()
+                    with phase("backward", cuda):
+                        (scaler.scale(loss) if scaler else loss).backward()
                 # strategy=split: the loss comes from the last GPU; the sums live on the first
                 detached = whole_tensor(loss.detach()).to(run.env.device)
                 loss_sum = detached if loss_sum is None else loss_sum + detached
@@ -48,15 +52,19 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
         for p in run.params:
             if p.grad is not None:
                 p.grad.fill_(float("nan"))
-    if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_sum):
+    if run.cfg.train.max_bad_steps >= 0:
+        with phase("checks", cuda):
+            finite = finite_everywhere(run, loss_sum)
+        if not finite:
+            run.optimizer.zero_grad(set_to_none=True)
+            return loss_sum, tokens, False
+    with phase("optimizer", cuda):
+        if scaler is not None:
+            scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
+            scaler.update()  # ... and then the scale backs off
+        else:
+            run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, tokens, False
-    if scaler is not None:
-        scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
-        scaler.update()  # ... and then the scale backs off
-    else:
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
     return loss_sum, tokens, True
 
 
