@@ -3,7 +3,6 @@ real run on this machine (the GPU rows skipped and saying so on a CPU-only one).
 
 import json
 
-import pytest
 from conftest import RECIPES
 
 from paratrain.cli import main
