@@ -79,12 +79,41 @@ def phase_times(averages, steps: int, wall_ms: float) -> dict:
     return {"wall_ms": wall_ms, "phases": ordered, "other_ms": max(wall_ms - covered, 0.0)}
 
 
+def with_ranks(times: dict) -> dict:
+    """Every rank's phases beside rank 0's, and the slowest rank: the one whose own work
+    (data wait + forward; backward holds the wait for the others' gradients) takes longest.
+    Collective: every rank profiles the same steps."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return times
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, times)
+
+    def own(t: dict) -> float:
+        return sum(
+            t["phases"].get(n, {}).get("gpu_ms", t["phases"].get(n, {}).get("cpu_ms", 0.0))
+            for n in ("data", "forward")
+        )
+
+    work = [own(t) for t in everyone]
+    slowest = max(range(len(work)), key=work.__getitem__)
+    return {**times, "ranks": everyone, "slowest_rank": slowest, "own_work_ms": work}
+
+
 def phases_text(times: dict) -> str:
     lines = ["phases of the step (ms per step; CPU span, and the GPU span of its kernels):"]
     for name, v in times["phases"].items():
         gpu = f"   GPU {v['gpu_ms']:8.2f}" if "gpu_ms" in v else ""
         lines.append(f"  {name:10s} CPU {v.get('cpu_ms', 0.0):8.2f}{gpu}")
     lines.append(f"  {'other':10s} CPU {times['other_ms']:8.2f}  (the loop, logging, progress)")
+    if "slowest_rank" in times:
+        work = times["own_work_ms"]
+        median = sorted(work)[len(work) // 2]
+        lines.append(
+            f"slowest rank: {times['slowest_rank']} (data + forward "
+            f"{work[times['slowest_rank']]:.2f} ms per step; the ranks' median {median:.2f})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -161,7 +190,7 @@ class StepProfiler:
             }
             for e in events[:TOP]
         ]
-        self.phases = phase_times(averages, self.steps, wall_ms)
+        self.phases = with_ranks(phase_times(averages, self.steps, wall_ms))
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             head = f"torch.profiler over {self.steps} steps after warm-up\n\n"

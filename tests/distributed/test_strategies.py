@@ -48,6 +48,7 @@ def single_runs(tmp_path_factory):
 DDP_SETTINGS = [
     *("--set", "ddp.bucket_cap_mb=0.001", "--set", "ddp.gradient_as_bucket_view=true"),
     *("--set", "ddp.static_graph=true", "--set", "ddp.broadcast_buffers=false"),
+    *("--set", "train.profile_steps=2"),
 ]
 
 
@@ -79,6 +80,11 @@ def test_sharded_ddp_equals_single_with_world_times_batch(
     assert (ddp["bucket_cap_mb"], ddp["static_graph"]) == (
         (0.001, True) if settings else (25, False)
     )
+    if settings:  # profiled (2 steps after warm-up; they train as any other): every rank's phases
+        phases = result["summary"]["profile_phases"]
+        assert len(phases["ranks"]) == 2 and phases["slowest_rank"] in (0, 1)
+        assert all(r["phases"]["backward"]["cpu_ms"] > 0 for r in phases["ranks"])
+        assert "slowest rank:" in (out / "profile.txt").read_text()
 
 
 def test_ddp_full_is_redundant_single(tmp_path, tiny_overrides, single_runs):
