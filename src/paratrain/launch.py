@@ -209,4 +209,4 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = ()) -> None:
     # the traceback of its own join, which says nothing about the worker: left out.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_join_trace)
 
-    elastic_launch(config=config, entrypoint=forked)(cmd_args[-1], dict(os.environ))
+    elastic_launch(config=config, entrypoint=forked)(cmd_args[-1])

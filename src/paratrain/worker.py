@@ -20,36 +20,14 @@ def main(argv: list[str]) -> int:
     return exit_code(lambda: train(load_config(config_path)))
 
 
-# Set by torchrun's agent for each worker; everything else comes from the launching process.
-AGENT_KEYS = {
-    "RANK",
-    "LOCAL_RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_NAME",
-    "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-}
-
-
-def forked(config_path: str, environ: dict[str, str]) -> None:
-    """A worker forked by torchrun's agent from its fork server (launch.run_torchrun): the
-    launching process's environment of this launch (the fork server keeps the one it started
-    with), then main."""
-    import os
-
-    ours = {k for k in os.environ if k in AGENT_KEYS or k.startswith("TORCHELASTIC_")}
-    for key in [k for k in os.environ if k not in ours and k not in environ]:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in environ.items() if k not in ours})
+def forked(config_path: str) -> None:
+    """A worker forked by torchrun's agent from the fork server of this launch
+    (launch.run_torchrun): the server started with this launch's environment, and the agent
+    has set the rank's own variables; then main."""
     # unbuffered, as `python -u` makes a worker's output: a killed rank's last words and a
     # progress bar's "\r" updates are out at once
     import io
+    import os
 
     for name in ("stdout", "stderr"):
         old = getattr(sys, name)
