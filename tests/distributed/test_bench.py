@@ -65,17 +65,21 @@ def test_failed_and_hung_runs_are_recorded_and_the_sweep_goes_on(tmp_path, capsy
         "    time.sleep(3600)\n"
     )
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"""
+    # The hung run's limit: long enough for its process to start and reach the builder under
+    # load (which marks the first try), short beside the sweep's. The second sweep gives it
+    # the sweep's limit (a time limit is not part of a run's key): now it fails at once.
+    text = f"""
 name: flaky
 recipe: {RECIPES / "tiny_cpu.yaml"}
 table: plain
 set: {{train.max_steps: 2, data.limit_samples: 128, train.eval: false, log.progress: false, checkpoint.at_end: false, strategy: single}}
 variants:
   - {{label: boom, set: {{model.name: "flaky:boom"}}}}
-  - {{label: hang, set: {{model.name: "flaky:hang"}}, timeout_s: 8}}
+  - {{label: hang, set: {{model.name: "flaky:hang"}}, timeout_s: 25}}
   - {{label: good, set: {{train.lr: 0.001}}}}
 timeout_s: 300
-""")
+"""
+    sweep.write_text(text)
     # The sweep runs here; its runs are processes of their own, which import flaky too.
     monkeypatch.syspath_prepend(tmp_path)
     path = os.environ.get("PYTHONPATH")
@@ -93,6 +97,7 @@ timeout_s: 300
     assert got["boom"].startswith("failed:") and "model exploded" in got["boom"]
     assert got["hang"].startswith("timeout:")
     # Re-running skips what succeeded and tries the rest again.
+    sweep.write_text(text.replace(", timeout_s: 25", ""))
     out = here(capsys, *args)
     assert "0 ok, 2 failed, 0 timeout" in out and "1 done before" in out, out
     with sqlite3.connect(db) as con:
