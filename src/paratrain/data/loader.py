@@ -164,6 +164,57 @@ def loader_workers(asked: int) -> int:
     return min(asked, cores())
 
 
+def rank_loaders(
+    train_set,
+    val_set,
+    cfg: DataConfig,
+    *,
+    rank: int,
+    world: int,
+    seed: int,
+    loader_batch: int,
+    even_val: bool,
+    **loader_kw,
+):
+    """A data-parallel rank's training loader (its shard of each epoch's order, drop_last: every
+    step one shape, every rank the same step count) and held-out loader (round-robin, not
+    shuffled; even_val: the same batch count on every rank, for forwards that are collectives),
+    over map-style data sets -> (train, val or None, the epoch sampler). loader_kw: collate_fn
+    and the like, for both."""
+    sampler = EpochSampler(
+        build_sampler(
+            cfg.sampler, len(train_set), rank=rank, world=world, shuffle=cfg.shuffle, seed=seed
+        )
+    )
+    train = DataLoader(
+        train_set,
+        batch_size=loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed + rank),
+        **loader_kw,
+    )
+    val = None
+    if val_set is not None:
+        order = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=even_val)
+        val = DataLoader(val_set, batch_size=loader_batch, sampler=order, **loader_kw)
+    return train, val, sampler
+
+
+class OnDevice:
+    """A loader whose batches come out on the device: move(batch) -> the moved batch."""
+
+    def __init__(self, loader, move):
+        self.loader, self.move = loader, move
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield self.move(batch)
+
+
 def build_data(
     cfg: DataConfig,
     *,

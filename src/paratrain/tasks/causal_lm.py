@@ -7,10 +7,8 @@ import math
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
-from paratrain.data.loader import TEXT_FORMATS, loader_workers
-from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.data.loader import TEXT_FORMATS, OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
@@ -224,53 +222,29 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         width=d.max_length if dims.pp > 1 else None,
     )
     pin = d.pin_memory and env.device.type == "cuda"
-    sampler = EpochSampler(
-        build_sampler(
-            d.sampler,
-            len(train_rows),
-            rank=dims.dp_rank,
-            world=dims.dp_size,
-            shuffle=d.shuffle,
-            seed=cfg.seed,
-        )
-    )
-    common = dict(
+    train, val, sampler = rank_loaders(
+        lmdata.TokenRows(train_rows),
+        lmdata.TokenRows(val_rows) if val_rows else None,
+        d,
+        rank=dims.dp_rank,
+        world=dims.dp_size,
+        seed=cfg.seed,
+        loader_batch=loader_batch,
+        even_val=True,  # under FSDP every forward is a collective: the same count everywhere
         collate_fn=collate,
         num_workers=loader_workers(d.num_workers),
         pin_memory=pin,
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
-    train = DataLoader(
-        lmdata.TokenRows(train_rows),
-        batch_size=loader_batch,
-        sampler=sampler,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.seed + dims.dp_rank),
-        **common,
-    )
-    val = None
-    if val_rows:
-        # even: under FSDP every forward is a collective, so every rank must run the same count.
-        val_sampler = RoundRobinSampler(
-            len(val_rows), dims.dp_size, dims.dp_rank, shuffle=False, even=True
-        )
-        val = DataLoader(
-            lmdata.TokenRows(val_rows), batch_size=loader_batch, sampler=val_sampler, **common
-        )
 
     def on_device(loader):
-        class Moved:
-            def __len__(self):
-                return len(loader)
-
-            def __iter__(self):
-                for batch in loader:
-                    yield {
-                        k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
-                    }
-
-        return Moved()
+        return OnDevice(
+            loader,
+            lambda batch: {
+                k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
+            },
+        )
 
     def loss(model, batch):
         tokens = batch["num_tokens"]

@@ -25,10 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
-from paratrain.data.loader import loader_workers
-from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.tasks import Workload
@@ -137,43 +135,23 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         )
     model = model.to(device=env.device, dtype=policy.param_dtype)
     pin = d.pin_memory and env.device.type == "cuda"
-    common = dict(num_workers=loader_workers(d.num_workers), pin_memory=pin)
-    sampler = EpochSampler(
-        build_sampler(
-            d.sampler,
-            len(train_set),
-            rank=dims.dp_rank,
-            world=dims.dp_size,
-            shuffle=d.shuffle,
-            seed=cfg.seed,
-        )
-    )
-    train = DataLoader(
+    train, val, sampler = rank_loaders(
         train_set,
-        batch_size=loader_batch,
-        sampler=sampler,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.seed + dims.dp_rank),
-        **common,
+        val_set,
+        d,
+        rank=dims.dp_rank,
+        world=dims.dp_size,
+        seed=cfg.seed,
+        loader_batch=loader_batch,
+        even_val=collective_forward,  # under FSDP every forward is a collective
+        num_workers=loader_workers(d.num_workers),
+        pin_memory=pin,
     )
-    val = None
-    if val_set is not None:
-        # even: under FSDP every forward is a collective, so every rank runs the same count
-        val_sampler = RoundRobinSampler(
-            len(val_set), dims.dp_size, dims.dp_rank, shuffle=False, even=collective_forward
-        )
-        val = DataLoader(val_set, batch_size=loader_batch, sampler=val_sampler, **common)
 
     def on_device(loader):
-        class Moved:
-            def __len__(self):
-                return len(loader)
-
-            def __iter__(self):
-                for batch in loader:
-                    yield _moved(batch, env.device, policy.param_dtype, d.non_blocking)
-
-        return Moved()
+        return OnDevice(
+            loader, lambda batch: _moved(batch, env.device, policy.param_dtype, d.non_blocking)
+        )
 
     def loss(model, batch):
         x, y = batch
