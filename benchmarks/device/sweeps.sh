@@ -38,12 +38,13 @@ if [ -n "${COMM:-}" ]; then  # COMM="--max-bytes 1G": the collectives benchmark 
   timeout 200 python3 -m paratrain comm $COMM --out /tmp/comm 2>&1 | tail -25
   cp /tmp/comm/result.json "$OUT/comm.json"; cp /tmp/comm/busbw.png "$OUT/comm_busbw.png"
 fi
+eval "flags=(${BENCH_FLAGS:-})"  # shell words: --only 'a label with spaces' stays one argument
 for entry in ${SWEEPS:-lora_speed}; do
   [ "$entry" = none ] && continue  # SWEEPS=none: only the tests, profile or comm above
   IFS=: read -r sweep axes <<<"$entry"; grid=()
   for axis in ${axes//:/ }; do grid+=(--grid "$axis"); done
   left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $sweep"; break; }
-  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml "${grid[@]}" ${BENCH_FLAGS:-} --db $DB --runs-dir /tmp/runs --no-progress
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/$sweep.yaml "${grid[@]}" "${flags[@]}" --db $DB --runs-dir /tmp/runs --no-progress
 done 2>&1 | tee -a "$OUT/bench.log"
 # A consistent copy of the WAL-mode DB, then the lines worth reading from every run's log.
 python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"

@@ -70,11 +70,29 @@ def git_commit() -> str | None:
     return None
 
 
+def _affinity() -> str | None:
+    """'0-15,32-47': the CPU list this process may run on, in taskset's short form."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return None
+    spans: list[list[int]] = []
+    for c in cpus:
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    spans_text = [f"{a}-{b}" if b > a else str(a) for a, b in spans]
+    return ",".join(spans_text)
+
+
 def hardware(device: torch.device, world_size: int) -> dict[str, Any]:
     info: dict[str, Any] = {
         "device_type": device.type,
         "world_size": world_size,
         "cpu_count": os.cpu_count(),
+        # the cores this rank may run on: fewer than cpu_count under NUMA binding or taskset
+        "cpu_affinity": _affinity(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,6 +37,52 @@ def limits(device: torch.device) -> dict[str, float]:
         }
     except Exception:  # no NVML, another torch's private helper, or a GPU without these
         return {}
+
+
+def energy_counter(devices: Sequence[torch.device]) -> Callable[[], float] | None:
+    """A reader of the joules the given GPUs have used (NVML's total-energy counter, in mJ since
+    the driver loaded, summed over the devices), or None off CUDA, without NVML or on a GPU that
+    lacks the counter (pre-Volta): the caller then falls back to mean power x time."""
+    if not devices or any(d.type != "cuda" for d in devices):
+        return None
+    try:
+        pynvml = torch.cuda.pynvml
+        handles = [torch.cuda._get_pynvml_handler(d) for d in devices]
+
+        def read() -> float:
+            return sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles) / 1000.0
+
+        read()  # raises here, once, where the counter is missing
+        return read
+    except Exception:  # no NVML, another torch's private helper, or no counter
+        return None
+
+
+def energy_summary(
+    joules: float | None,
+    method: str | None,
+    *,
+    gpus: int,
+    seconds: float,
+    samples: float,
+    tokens: float | None = None,
+) -> dict[str, float | str | None] | None:
+    """The measured window's energy as a user compares it: J per sample (and per token), samples
+    (tokens) per kWh, the mean power per GPU. None when nothing was measured (a CPU run)."""
+    if joules is None or joules <= 0 or samples <= 0:
+        return None
+    out: dict[str, float | str | None] = {
+        "joules": joules,
+        "method": method,
+        "gpus": gpus,
+        "mean_power_w_per_gpu": joules / max(seconds, 1e-9) / max(gpus, 1),
+        "joules_per_sample": joules / samples,
+        "samples_per_kwh": samples / joules * 3.6e6,
+    }
+    if tokens:
+        out["joules_per_token"] = joules / tokens
+        out["tokens_per_kwh"] = tokens / joules * 3.6e6
+    return out
 
 
 def summarize(samples: list[dict[str, float]]) -> dict[str, float] | None:

@@ -121,7 +121,8 @@ def test_precision_table_relative_times():
     tables, _ = build_report({"p": ("precision", {}, rows)})
     by = {r[0]: r for r in tables[0].rows}
     assert by["fp16"][3] == "0.40x" and by["fp64"][3] == "5.00x" and by["fp64"][5] == "3.0"
-    assert by["fp64"][7] == "1.54x"  # the seed's 1937 / 1256
+    assert by["fp64"][8] == "1.54x"  # the seed's 1937 / 1256
+    assert by["fp64"][6] == "n/a"  # J/sample: no energy counter in these rows
     assert "919 s" in tables[-1].rows[0][0]
 
 
@@ -211,7 +212,8 @@ def test_llm_table_tokens_scaling_and_seed_columns():
     tables, _ = build_report({"l": ("llm", {"reference": "peft"}, rows)})
     a2 = next(r for r in tables[0].rows if r[0] == "alpaca" and r[1] == "2")
     assert a2[3:8] == ["8,192", "19,600", "9,800", "98.0%", "1.31x"]
-    assert a2[8] == "40.0%" and a2[10] == "0.77 / 0.94" and a2[11] == "n/a"  # no telemetry
+    assert a2[8] == "40.0%" and a2[11] == "0.77 / 0.94" and a2[12] == "n/a"  # no telemetry
+    assert a2[10] == "n/a"  # mJ/token: no energy counter
 
 
 def test_clock_column_is_the_slowest_gpu():

@@ -75,6 +75,17 @@ def test_a_loader_bound_recipe_and_a_loader_with_headroom():
     assert "3.0x what the steps use: not the bottleneck" in advice.loader(found(rows))[0]
 
 
+def test_gpu_utilisation_against_the_checklist():
+    def step(busy):
+        row = {"name": "step", "value": 1800.0, "unit": "samples/s", "kind": "step"}
+        return found([{**row, "utilization_pct": busy}], gpus=[gpu(0)])
+
+    (idle,) = advice.utilisation(step(62.0))
+    assert "busy 62%" in idle and "> 90%" in idle and "--profile" in idle
+    assert "above the checklist" in advice.utilisation(step(97.0))[0]
+    assert advice.utilisation(step(None)) == []  # a CPU run: no NVML reading, no line
+
+
 def test_numa_nodes_links_ecc_and_persistence():
     gpus = [gpu(0, numa_node=0), gpu(1, numa_node=1, ecc_uncorrected=2, persistence=False)]
     gpus[1]["pcie"] = {"generation": 4, "width": 16, "max_generation": 5, "max_width": 16}

@@ -57,3 +57,10 @@ def test_sampler_thread_collects_until_stopped(monkeypatch):
 
 def test_limits_are_empty_without_nvml():
     assert telemetry.limits(torch.device("cpu")) == {}
+
+
+def test_affinity_in_tasksets_short_form(monkeypatch):
+    from paratrain import metrics
+
+    monkeypatch.setattr(metrics.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11})
+    assert metrics._affinity() == "0-3,8,10-11"

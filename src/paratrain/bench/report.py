@@ -179,6 +179,7 @@ def precision_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, d
         "time vs fp32",
         "held-out acc",
         "peak GiB/GPU",
+        "J/sample",
         "seed s",
         "seed time vs fp32",
         "seed acc",
@@ -199,13 +200,14 @@ def precision_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, d
                 _fmt(rel, ".2f", "x"),
                 _acc(g.acc) if g else "n/a",
                 _gib(g.mem) if g else "n/a",
+                energy_per(g),
                 _fmt(s["time"] if s else None),
                 _fmt(s["time"] / seed_fp32 if s else None, ".2f", "x"),
                 _fmt(s["accuracy"] * 100 if s else None, ".2f", "%"),
                 _fmt(s["memory_gb"] if s else None),
             ]
         )
-    return Table("Precision (seed table 3.1)", headers, rows), by
+    return Table("Precision (seed table 3.1)", headers, rows, [ENERGY_NOTE]), by
 
 
 def pin_memory_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, float | None]:
@@ -242,6 +244,24 @@ def slowest_clock(g: Group) -> str:
         if m.get("gpu_telemetry") and any(m["gpu_telemetry"])
     ]
     return _fmt(arith.stat(clocks).median) if clocks else "n/a"
+
+
+def energy_per(g: Group | None, key: str = "joules_per_sample", scale: float = 1.0) -> str:
+    """Median over runs of the measured window's energy per sample (or per token, scaled): every
+    GPU of the run summed, NVML's total-energy counter (result.json's summary.energy)."""
+    vals = [
+        m["energy"][key] * scale
+        for m in (g.metrics_list if g else [])
+        if m.get("energy") and m["energy"].get(key) is not None
+    ]
+    return _fmt(arith.stat(vals).median, ".3g") if vals else "n/a"
+
+
+ENERGY_NOTE = (
+    "J/sample (mJ/token): the energy of the measured steps, every GPU of the run summed (NVML's "
+    "total-energy counter; mean power x time where a GPU lacks it), over the samples (tokens) "
+    "they trained; samples per kWh = 3.6e6 / J per sample. n/a on CPU (no counter)."
+)
 
 
 CLOCK_NOTE = (
@@ -286,6 +306,7 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
         "% of speed of light",
         "step ms",
         "peak GiB/GPU",
+        "J/sample",
         "SM MHz",
     ]
     rows = []
@@ -312,10 +333,12 @@ def variants_table(groups: list[Group], reference: str | None) -> Table:
                 _fmt(per_gpu / light * 100 if light else None, ".0f", "%"),
                 g.step.fmt(1, 1000) if g.step else "n/a",
                 _gib(g.mem),
+                energy_per(g),
                 slowest_clock(g),
             ]
         )
-    return Table("Configurations and peers", headers, rows, [SOL_NOTE, CLOCK_NOTE])
+    notes = [SOL_NOTE, ENERGY_NOTE, CLOCK_NOTE]
+    return Table("Configurations and peers", headers, rows, notes)
 
 
 def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) -> Table:
@@ -337,6 +360,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
         f"vs {reference}" if reference else "vs reference",
         "MFU",
         "peak GiB/GPU",
+        "mJ/token",
         "seed s/it (1 / 4 GPUs)",
         "SM MHz",
     ]
@@ -364,6 +388,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
                 _fmt(tps / ref_tps if tps and ref_tps else None, ".2f", "x"),
                 _fmt(mfu * 100 if mfu else None, ".1f", "%"),
                 _gib(g.mem),
+                energy_per(g, "joules_per_token", 1000.0),
                 f"{s['it_1']} / {s['it_n']}" if s else "n/a",
                 slowest_clock(g),
             ]
@@ -372,13 +397,14 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
         "tokens count non-padding tokens; scaling efficiency and ratios use tokens/s. MFU: "
         "model FLOPs per token (6N full training, 4N + attention + 6 x adapters for LoRA; "
         "src/paratrain/models/causal_lm/spec.py) x tokens/s per GPU / the GPU's dense bf16 peak.",
+        ENERGY_NOTE,
         CLOCK_NOTE,
     ]
     return Table("Language-model fine-tuning (seed table 5.2)", headers, rows, notes)
 
 
 def plain_table(groups: list[Group]) -> Table:
-    headers = ["configuration", "img/s", "step ms", "held-out acc", "peak GiB"]
+    headers = ["configuration", "img/s", "step ms", "held-out acc", "peak GiB", "J/sample"]
     rows = [
         [
             f"{g.label} {' '.join(f'{k}={v}' for k, v in g.params.items())}".strip(),
@@ -386,10 +412,11 @@ def plain_table(groups: list[Group]) -> Table:
             g.step.fmt(1, 1000) if g.step else "n/a",
             _acc(g.acc),
             _gib(g.mem),
+            energy_per(g),
         ]
         for g in groups
     ]
-    return Table("Runs", headers, rows)
+    return Table("Runs", headers, rows, [ENERGY_NOTE])
 
 
 # ------------------------------------------------------------------------------ claims

@@ -11,6 +11,7 @@ LINK_SHORT = 0.5  # pinned copies below this share of the link's nominal rate: a
 SLOW_GPU = 0.85  # a GPU's matmul below this share of the others' median: that GPU is slow
 LOW_PEAK = 0.6  # a large bf16 matmul below this share of the datasheet: clocks / power
 LOADER_HEADROOM = 1.2  # the loader alone must beat the steps by this much not to be the limit
+BUSY = 90.0  # the seed's checklist: GPU utilisation above 90% during training
 
 
 def _rows(found: dict, kind: str) -> list[dict]:
@@ -140,6 +141,23 @@ def loader(found: dict) -> list[str]:
     ]
 
 
+def utilisation(found: dict) -> list[str]:
+    """NVML's utilisation over the recipe's measured steps: the share of time a kernel ran."""
+    st = _rows(found, "step")
+    busy = st[0].get("utilization_pct") if st else None
+    if busy is None:
+        return []
+    if busy < BUSY:
+        return [
+            f"the GPU was busy {busy:.0f}% of the recipe's steps (seed's checklist: > {BUSY:.0f}%)"
+            ": the step waits on the host (the loader, Python, synchronisations); `paratrain run "
+            "--profile` breaks a step into its phases"
+        ]
+    return [
+        f"the GPU was busy {busy:.0f}% of the recipe's steps: above the checklist's {BUSY:.0f}%"
+    ]
+
+
 def cpu_only(found: dict) -> list[str]:
     if found["facts"]["gpus"]:
         return []
@@ -151,7 +169,7 @@ def cpu_only(found: dict) -> list[str]:
     ]
 
 
-RULES = (pin_memory, links, gpus, numa, loader, cpu_only)
+RULES = (pin_memory, links, gpus, numa, loader, utilisation, cpu_only)
 
 
 def lines(found: dict[str, Any]) -> list[str]:

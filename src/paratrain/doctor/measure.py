@@ -166,8 +166,11 @@ def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
                 break
         loader = seen / max(time.perf_counter() - t0, 1e-9)
         result = train(cfg)
-    step = result["summary"]["unique_samples_per_s"]
+    summary = result["summary"]
+    step = summary["unique_samples_per_s"]
     workers = cfg.data.num_workers
+    gpu = (summary.get("gpu_telemetry") or [None])[0] or {}
+    energy = summary.get("energy") or {}
     return [
         row(
             "loader alone",
@@ -178,7 +181,21 @@ def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
             recipe=recipe,
             resize_on=cfg.data.resize_on,
         ),
-        row("training steps (loader + model)", step, "samples/s", kind="step", recipe=recipe),
+        row(
+            "training steps (loader + model)",
+            step,
+            "samples/s",
+            kind="step",
+            recipe=recipe,
+            utilization_pct=gpu.get("utilization_pct_mean"),  # NVML, over the measured steps
+            joules_per_sample=energy.get("joules_per_sample"),
+            note=(
+                f"GPU busy {gpu['utilization_pct_mean']:.0f}%"
+                + (f", {energy['joules_per_sample']:.3g} J/sample" if energy else "")
+                if gpu.get("utilization_pct_mean") is not None
+                else None
+            ),
+        ),
     ]
 
 

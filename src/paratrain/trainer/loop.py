@@ -18,7 +18,7 @@ from paratrain import faults, flight, metrics
 from paratrain.distributed import process_group as pg
 from paratrain.parallel import ONE_PROCESS
 from paratrain.profiling import StepProfiler
-from paratrain.telemetry import GpuSampler
+from paratrain.telemetry import GpuSampler, energy_counter
 from paratrain.trainer import result as results
 from paratrain.trainer.measure import (
     Meter,
@@ -77,7 +77,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
     progress.update(state.step)
     metrics.reset_peak_memory(device)
-    clock = TrainClock(device)
+    clock = TrainClock(device, energy_counter(run_devices(run)))
     meter = Meter(device, state.step, tc.warmup_steps, tc.profile_steps)
     gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
     profiler = StepProfiler(device, tc.profile_steps, run.out_dir, env.is_main)
@@ -225,6 +225,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         epochs=epochs,
         start_step=start_step,
         window=meter.window(state.step, clock),
+        joules=meter.joules(state.step, clock),
         tokens=meter.tokens,
         train_s=clock.elapsed(),
         wall_s=time.perf_counter() - run_start,
@@ -239,6 +240,13 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         results.print_summary(result)
     pg.barrier()
     return result
+
+
+def run_devices(run: Run) -> list[torch.device]:
+    """The devices this rank drives: every GPU a layer split spans, else its own."""
+    if run.split and run.env.device.type == "cuda":
+        return [torch.device(d) for d in run.split["devices"]]
+    return [run.env.device]
 
 
 def skipped_bad_step(run: Run) -> None:

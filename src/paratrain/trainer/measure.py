@@ -16,19 +16,33 @@ from paratrain import metrics
 
 
 class TrainClock:
-    """Seconds spent training, with evaluation and checkpointing paused out of it."""
+    """Seconds spent training, with evaluation and checkpointing paused out of it; and, where
+    `energy` reads a counter of joules (the GPUs' NVML counter), the joules of those seconds."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, energy=None):
         self.device, self.total, self.started = device, 0.0, None
+        self.energy, self.joules_total, self.joules_started = energy, 0.0, 0.0
 
     def resume(self) -> None:
         if self.started is None:
             self.started = metrics.now(self.device)
+            if self.energy is not None:
+                self.joules_started = self.energy()
 
     def pause(self) -> None:
         if self.started is not None:
             self.total += metrics.now(self.device) - self.started
+            if self.energy is not None:
+                self.joules_total += self.energy() - self.joules_started
             self.started = None
+
+    def joules(self) -> float | None:
+        """Joules used while the clock ran (a stall's energy stays in: the GPU drew it), or None
+        without a counter. Read after a sync (pause, or elapsed() just before)."""
+        if self.energy is None:
+            return None
+        running = self.energy() - self.joules_started if self.started is not None else 0.0
+        return self.joules_total + running
 
     def exclude(self, seconds: float) -> None:
         """Take a stall's excess out of the training time (reported apart, not as slowness)."""
@@ -46,6 +60,7 @@ class Meter:
         self.start_step, self.first_measured = start_step, warmup + profiled
         self.warm_step: int | None = None
         self.warm_clock = 0.0
+        self.warm_joules: float | None = 0.0
         # language models: non-padding tokens, counted on the device (no sync per step)
         self.tokens = torch.zeros((), device=device, dtype=torch.int64)
         self.tokens_at_warm = self.tokens
@@ -55,6 +70,7 @@ class Meter:
 
     def mark(self, step: int, clock: TrainClock) -> None:
         self.warm_step, self.warm_clock = step, clock.elapsed()
+        self.warm_joules = clock.joules()
         self.tokens_at_warm = self.tokens.clone()
 
     def window(self, step: int, clock: TrainClock) -> tuple[int, float, bool, int]:
@@ -63,6 +79,15 @@ class Meter:
             first = int(self.tokens_at_warm.item())
             return step - self.warm_step, clock.elapsed() - self.warm_clock, True, first
         return step - self.start_step, clock.elapsed(), False, 0
+
+    def joules(self, step: int, clock: TrainClock) -> float | None:
+        """The energy of the same window as window(): this rank's GPUs, None without a counter."""
+        total = clock.joules()
+        if total is None:
+            return None
+        if self.warm_step is not None and step > self.warm_step:
+            return total - (self.warm_joules or 0.0)
+        return total
 
 
 def seed_all(seed: int) -> None:

@@ -17,6 +17,7 @@ from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
 from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
+from paratrain.telemetry import energy_summary
 
 
 def strategy_label(run) -> str:
@@ -51,6 +52,7 @@ def build(
     start_step: int,
     window: tuple[int, float, bool, int],
     tokens,
+    joules: float | None = None,
     train_s: float,
     wall_s: float,
     telemetry: list,
@@ -124,6 +126,16 @@ def build(
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         }
         summary["flops_per_token"] = work.flops_per_token
+    summary["energy"] = energy(
+        joules,
+        telemetry,
+        env.world_size,
+        gpus=gpus,
+        seconds=measured_s,
+        samples=run.unique_per_step * measured_steps,
+        tokens=summary.get("tokens_per_s", 0.0) * measured_s,
+        device=device,
+    )
     return {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
         "name": cfg.name,
@@ -166,6 +178,33 @@ def precision_label(result: dict[str, Any]) -> str:
     return f"{result['precision']}+fp8-{fp8}" if fp8 else result["precision"]
 
 
+def energy(
+    joules: float | None,
+    telemetry: list,
+    world_size: int,
+    *,
+    gpus: int,
+    seconds: float,
+    samples: float,
+    tokens: float,
+    device: torch.device,
+) -> dict | None:
+    """Every rank's GPU joules over the measured window, summed (a collective: every rank calls
+    it). Where the GPUs lack NVML's energy counter: mean power x time from the telemetry."""
+    total, counted = pg.all_reduce_sum([joules or 0.0, float(joules is not None)], device)
+    method = "nvml_total_energy"
+    if counted < world_size:
+        powers = [t["power_w_mean"] for t in telemetry if t and "power_w_mean" in t]
+        if counted or not powers:  # only some ranks have a counter, or no readings at all
+            return None
+        # a split's rank samples only its first GPU: scale to the GPUs used
+        total = sum(powers) / len(powers) * gpus * seconds
+        method = "mean_power_x_time"
+    return energy_summary(
+        total, method, gpus=gpus, seconds=seconds, samples=samples, tokens=tokens or None
+    )
+
+
 def print_summary(result: dict[str, Any]) -> None:
     s = result["summary"]
     redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
@@ -197,10 +236,24 @@ def print_summary(result: dict[str, Any]) -> None:
         f"paratrain: {result['strategy']}{shown} x{result['world_size']} "
         f"{precision_label(result)}{redundant}: "
         f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
-        f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})\n"
+        f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})"
+        f"{energy_line(s.get('energy'))}\n"
         f"paratrain: results in {result['output_dir']}/result.json",
         flush=True,
     )
+
+
+def energy_line(e: dict | None) -> str:
+    """', 0.412 J/sample (8.7M samples/kWh, 655 W per GPU)': a token count where there is one."""
+    if not e:
+        return ""
+    if e.get("joules_per_token"):
+        per, rate = f"{e['joules_per_token'] * 1000:.3g} mJ/token", f"{e['tokens_per_kwh']:.3g}"
+        unit = "tokens"
+    else:
+        per, rate = f"{e['joules_per_sample']:.3g} J/sample", f"{e['samples_per_kwh']:.3g}"
+        unit = "samples"
+    return f", {per} ({rate} {unit}/kWh, {e['mean_power_w_per_gpu']:.0f} W per GPU)"
 
 
 def _version() -> str:

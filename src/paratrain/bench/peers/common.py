@@ -21,6 +21,7 @@ from torchvision.transforms import v2
 from paratrain import metrics
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import UserError
+from paratrain.telemetry import energy_counter, energy_summary
 from paratrain.trainer import config as train_config
 
 # What the peers implement; anything else is refused (exit 2) rather than run differently.
@@ -199,12 +200,16 @@ class Meter:
         self.loss_sum = torch.zeros((), device=device, dtype=torch.float64)  # no per-step sync
         # each step's loss, kept on the device and read once at the end (no per-step sync)
         self.losses: list[torch.Tensor] | None = [] if keep_losses else None
+        self.energy = energy_counter([device])  # None off CUDA: no energy row then
+
+    def joules(self) -> float | None:
+        return self.energy() if self.energy is not None else None
 
     def start(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.t0 = clock(self.device)
-        self.mark = (0, self.t0) if self.warmup == 0 else None
+        self.t0, self.j0 = clock(self.device), self.joules()
+        self.mark = (0, self.t0, self.j0) if self.warmup == 0 else None
 
     def step(self, loss: torch.Tensor) -> None:
         self.steps += 1
@@ -212,13 +217,19 @@ class Meter:
         if self.losses is not None:
             self.losses.append(loss.detach().float())
         if self.steps == self.warmup and self.total > self.warmup:
-            self.mark = (self.steps, clock(self.device))
+            self.mark = (self.steps, clock(self.device), self.joules())
 
     def summary(self, batch_size: int, world_size: int) -> dict:
-        end = clock(self.device)
+        end, j_end = clock(self.device), self.joules()
         excluded = self.mark is not None and self.steps > self.mark[0]
-        first, t_first = self.mark if excluded else (0, self.t0)
+        first, t_first, j_first = self.mark if excluded else (0, self.t0, self.j0)
         measured, seconds = self.steps - first, max(end - t_first, 1e-9)
+        # the same window's joules, every rank's GPU summed (like paratrain's own result)
+        joules = torch.tensor(
+            [j_end - j_first if j_end is not None else 0.0, float(j_end is not None)],
+            dtype=torch.float64,
+            device=self.device,
+        )
         peak, kind = metrics.peak_memory_bytes(self.device)
         loss = self.loss_sum / max(self.steps, 1)
         peak_t = torch.tensor(float(peak), dtype=torch.float64, device=self.device)
@@ -226,8 +237,18 @@ class Meter:
             dist.all_reduce(loss)
             loss /= dist.get_world_size()
             dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+            dist.all_reduce(joules)
+        samples = measured * batch_size * world_size
+        total, counted = joules.tolist()
+        energy = (
+            energy_summary(
+                total, "nvml_total_energy", gpus=world_size, seconds=seconds, samples=samples
+            )
+            if counted == world_size
+            else None
+        )
         return {
-            "unique_samples_per_s": measured * batch_size * world_size / seconds,
+            "unique_samples_per_s": samples / seconds,
             "step_time_s": seconds / max(measured, 1),
             "measured_steps": measured,
             "optimizer_steps": self.steps,
@@ -237,6 +258,7 @@ class Meter:
             "peak_memory_kind": kind,
             "train_loss": loss.item(),
             "val_accuracy": None,
+            "energy": energy,
             **({"losses": torch.stack(self.losses).tolist()} if self.losses else {}),  # rank 0's
         }
 

@@ -127,6 +127,10 @@ def main() -> None:
     tokens_per_step = batch * length * world_size
     summary["tokens_per_s"] = summary["unique_samples_per_s"] * length
     summary["tokens_per_step"] = tokens_per_step
+    if summary["energy"]:  # every row is length tokens (no padding in the synthetic rows)
+        e = summary["energy"]
+        e["joules_per_token"] = e["joules_per_sample"] / length
+        e["tokens_per_kwh"] = e["samples_per_kwh"] * length
     if rank == 0:
         common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
     if dist.is_initialized():
