@@ -12,6 +12,7 @@ result.json keeps the top operators per step.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
 import shutil
@@ -62,21 +63,95 @@ def phase(name: str, cuda: bool) -> Iterator[None]:
                 torch.cuda.nvtx.range_pop()
 
 
-def phase_times(averages, steps: int, wall_ms: float) -> dict:
-    """ms per step of each phase: its CPU span, and on GPUs the span of its kernels (the
-    range's user annotation on the GPU timeline); "other" is the wall time no phase covers."""
-    out: dict = {}
-    for e in averages:
-        if not e.key.startswith(PREFIX):
-            continue
-        row = out.setdefault(e.key[len(PREFIX) :], {})
-        if e.device_type == DeviceType.CUDA:
-            row["gpu_ms"] = e.device_time_total / 1000.0 / steps
+def phase_times(events, steps: int, wall_ms: float, gpu: bool) -> dict:
+    """ms per step of each phase: its CPU span, and on GPUs the time of the kernels it launched.
+
+    `events` are the profiler's events (prof.events()). A kernel belongs to the phase whose CPU
+    range was open when the operator that launched it started: the backward's kernels come
+    from autograd's own thread, still inside the main thread's backward range. (The ranges' own
+    annotations on the GPU timeline are not used: on torch 2.11 forward and backward read as
+    ~0 ms there, their kernels credited to inner annotations such as DDP's.) "other" is the
+    wall time no phase covers."""
+    ranges: list[tuple[float, float, str]] = []
+    for e in events:
+        if e.name.startswith(PREFIX) and e.device_type == DeviceType.CPU:
+            ranges.append((e.time_range.start, e.time_range.end, e.name[len(PREFIX) :]))
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+    cpu_us: dict[str, float] = defaultdict(float)
+    gpu_us: dict[str, float] = defaultdict(float)
+    for lo, hi, name in ranges:
+        cpu_us[name] += hi - lo
+    if gpu:
+        for e in events:
+            if not e.kernels or e.name.startswith(PREFIX):
+                continue
+            i = bisect.bisect_right(starts, e.time_range.start) - 1
+            if i < 0 or e.time_range.start > ranges[i][1]:
+                continue  # launched outside every phase (the loop between steps)
+            # a range's own annotation is listed as a "kernel" of its name: not work
+            gpu_us[ranges[i][2]] += sum(k.duration for k in e.kernels if k.name != e.name)
+    ordered: dict = {}
+    for name in PHASES:
+        if name in cpu_us:
+            ordered[name] = {"cpu_ms": cpu_us[name] / 1000.0 / steps}
+            if gpu:
+                ordered[name]["gpu_ms"] = gpu_us[name] / 1000.0 / steps
+    covered = sum(v["cpu_ms"] for v in ordered.values())
+    out = {"wall_ms": wall_ms, "phases": ordered, "other_ms": max(wall_ms - covered, 0.0)}
+    comm = communication(events, steps) if gpu else None
+    if comm:
+        out["communication"] = comm
+    return out
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
-            row["cpu_ms"] = e.cpu_time_total / 1000.0 / steps
-    ordered = {name: out[name] for name in PHASES if name in out}
-    covered = sum(v.get("cpu_ms", 0.0) for v in ordered.values())
-    return {"wall_ms": wall_ms, "phases": ordered, "other_ms": max(wall_ms - covered, 0.0)}
+            out.append((lo, hi))
+    return out
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two sorted unions of intervals."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(hi - lo, 0.0)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def communication(events, steps: int) -> dict | None:
+    """ms per step the GPU spent in NCCL kernels, split into the part other kernels ran beside
+    (overlapped: DDP's bucketed all-reduce during the backward, FSDP's prefetched all-gathers)
+    and the part nothing else ran (exposed: the step waits for the network). None without NCCL
+    kernels (one GPU, a CPU run over gloo)."""
+    comm, compute = [], []
+    for e in events:
+        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+            continue
+        if e.name.startswith(PREFIX):
+            continue  # a phase's annotation on the GPU timeline (older torch: not flagged)
+        span = (e.time_range.start, e.time_range.end)
+        (comm if "nccl" in e.name.lower() else compute).append(span)
+    if not comm:
+        return None
+    comm_u, compute_u = _union(comm), _union(compute)
+    busy = sum(hi - lo for lo, hi in comm_u)
+    overlapped = _overlap(comm_u, compute_u)
+    return {
+        "nccl_ms": busy / 1000.0 / steps,
+        "overlapped_ms": overlapped / 1000.0 / steps,
+        "exposed_ms": (busy - overlapped) / 1000.0 / steps,
+    }
 
 
 def with_ranks(times: dict) -> dict:
@@ -107,6 +182,12 @@ def phases_text(times: dict) -> str:
         gpu = f"   GPU {v['gpu_ms']:8.2f}" if "gpu_ms" in v else ""
         lines.append(f"  {name:10s} CPU {v.get('cpu_ms', 0.0):8.2f}{gpu}")
     lines.append(f"  {'other':10s} CPU {times['other_ms']:8.2f}  (the loop, logging, progress)")
+    if times.get("communication"):
+        c = times["communication"]
+        lines.append(
+            f"NCCL kernels {c['nccl_ms']:.2f} ms per step: {c['overlapped_ms']:.2f} overlapped "
+            f"with other kernels, {c['exposed_ms']:.2f} exposed (nothing else on the GPU)"
+        )
     if "slowest_rank" in times:
         work = times["own_work_ms"]
         median = sorted(work)[len(work) // 2]
@@ -190,7 +271,7 @@ class StepProfiler:
             }
             for e in events[:TOP]
         ]
-        self.phases = with_ranks(phase_times(averages, self.steps, wall_ms))
+        self.phases = with_ranks(phase_times(self._prof.events(), self.steps, wall_ms, gpu))
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             head = f"torch.profiler over {self.steps} steps after warm-up\n\n"

@@ -49,3 +49,62 @@ def test_breakdown_sums_kernels_per_step_and_ignores_cpu_ops():
     conv = next(line for line in lines if line.strip().startswith("convolution"))
     assert conv.split()[-3:] == ["2.50", "62.5%", "1"]
     assert lines.index(conv) < next(i for i, line in enumerate(lines) if "Triton" in line)
+
+
+def ev(name, start, end, device=DeviceType.CPU, kernels=(), annotation=False):
+    return SimpleNamespace(
+        name=name,
+        time_range=SimpleNamespace(start=start, end=end),
+        device_type=device,
+        kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels],
+        is_user_annotation=annotation,
+    )
+
+
+def test_phases_credit_each_kernel_to_the_range_that_launched_it():
+    from paratrain.profiling import phase_times
+
+    events = [
+        ev("paratrain.forward", 0, 100),
+        ev("paratrain.backward", 100, 300),
+        ev("paratrain.optimizer", 300, 320),
+        ev("aten::conv2d", 10, 20, kernels=[("cudnn_fprop", 40.0)]),
+        ev("aten::mm", 50, 60, kernels=[("gemm", 10.0)]),
+        # autograd's thread: another thread, inside the backward's time
+        ev("aten::convolution_backward", 150, 160, kernels=[("dgrad", 70.0), ("wgrad", 30.0)]),
+        # DDP's own range with its annotation listed as a "kernel" of its name: not work
+        ev(
+            "DistributedDataParallel.forward",
+            5,
+            95,
+            kernels=[("DistributedDataParallel.forward", 99.0)],
+        ),
+        ev("aten::_foreach_add_", 305, 310, kernels=[("multi_tensor_apply", 6.0)]),
+        ev("aten::copy_", 400, 410, kernels=[("memcpy", 2.0)]),  # between steps: no phase
+    ]
+    t = phase_times(events, steps=2, wall_ms=0.25, gpu=True)
+    assert {k: v["gpu_ms"] for k, v in t["phases"].items()} == {
+        "forward": 0.025,  # (40 + 10) us / 2 steps
+        "backward": 0.05,
+        "optimizer": 0.003,
+    }
+    assert t["phases"]["backward"]["cpu_ms"] == 0.1 and abs(t["other_ms"] - 0.09) < 1e-12
+    cpu = phase_times(events, steps=2, wall_ms=0.25, gpu=False)
+    assert "gpu_ms" not in cpu["phases"]["forward"] and "communication" not in cpu
+
+
+def test_nccl_time_split_into_overlapped_and_exposed():
+    from paratrain.profiling import communication
+
+    gpu = DeviceType.CUDA
+    events = [
+        ev("dgrad_kernel", 0, 100, gpu),
+        ev("wgrad_kernel", 90, 150, gpu),  # the compute union is 0-150
+        ev("ncclDevKernel_AllReduce", 120, 200, gpu),  # 30 us beside compute, 50 alone
+        ev("ncclDevKernel_AllReduce", 300, 340, gpu),  # 40 alone (the last bucket)
+        ev("paratrain.backward", 0, 400, gpu),  # a phase's annotation: neither
+        ev("DistributedDataParallel.forward", 0, 400, gpu, annotation=True),
+    ]
+    c = communication(events, steps=1)
+    assert c == {"nccl_ms": 0.12, "overlapped_ms": 0.03, "exposed_ms": 0.09}
+    assert communication(events[:2], steps=1) is None  # one GPU: no NCCL kernels
