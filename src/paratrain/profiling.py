@@ -177,7 +177,11 @@ def with_ranks(times: dict) -> dict:
 
 
 def phases_text(times: dict) -> str:
-    lines = ["phases of the step (ms per step; CPU span, and the GPU span of its kernels):"]
+    lines = [
+        "phases of the step (ms per step): the host's span of each, and on GPUs the time of the "
+        "kernels it launched (a phase that synchronises, the checks reading the loss, holds the "
+        "host's wait for kernels queued before it):"
+    ]
     for name, v in times["phases"].items():
         gpu = f"   GPU {v['gpu_ms']:8.2f}" if "gpu_ms" in v else ""
         lines.append(f"  {name:10s} CPU {v.get('cpu_ms', 0.0):8.2f}{gpu}")
@@ -199,22 +203,37 @@ def phases_text(times: dict) -> str:
 
 
 def phases_plot(times: dict, out: Path) -> Path:
-    """One stacked bar of the step's wall time by phase."""
+    """Stacked bars of a step by phase: the host's wall time and, on GPUs, the kernel time each
+    phase launched (the host bar alone misleads there: a phase that synchronises, the checks
+    reading the loss, holds the wait for kernels the other phases queued)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = [(n, v.get("cpu_ms", 0.0)) for n, v in times["phases"].items()]
-    parts.append(("other", times["other_ms"]))
-    fig, ax = plt.subplots(figsize=(8, 1.8))
-    left = 0.0
-    for name, ms in parts:
-        ax.barh([0], [ms], left=left, label=f"{name} {ms:.1f} ms")
-        left += ms
-    ax.set_yticks([])
-    ax.set_xlabel("ms per step (rank 0, wall time)")
-    ax.legend(ncol=len(parts), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1.45))
+    names = [*times["phases"], "other"]
+    colours = {n: f"C{i}" for i, n in enumerate(names)}
+    host = [(n, v.get("cpu_ms", 0.0)) for n, v in times["phases"].items()]
+    host.append(("other", times["other_ms"]))
+    bars = [("host (wall)", host)]
+    if any("gpu_ms" in v for v in times["phases"].values()):
+        bars.append(
+            ("GPU kernels", [(n, v.get("gpu_ms", 0.0)) for n, v in times["phases"].items()])
+        )
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.5 * len(bars)))
+    for y, (_, parts) in enumerate(reversed(bars)):
+        left = 0.0
+        for name, ms in parts:
+            ax.barh([y], [ms], left=left, color=colours[name])
+            if ms > 0.04 * max(times["wall_ms"], 1e-9):
+                ax.text(left + ms / 2, y, f"{ms:.1f}", ha="center", va="center", fontsize=7)
+            left += ms
+    ax.set_yticks(range(len(bars)), [b[0] for b in reversed(bars)], fontsize=8)
+    ax.set_xlabel("ms per step (rank 0)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
+    ax.legend(
+        handles, names, ncol=len(names), fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0)
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -110,6 +110,7 @@ class GpuSampler:
         self.device, self.interval_s = device, interval_s
         self.samples: list[dict[str, float]] = []
         self._stop = threading.Event()
+        self._paused = threading.Event()  # evaluation, checkpoints: out of the readings
         self._thread: threading.Thread | None = None
         self.enabled = device.type == "cuda" and self._read() is not None
 
@@ -126,7 +127,14 @@ class GpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
+            if not self._paused.is_set():
+                self._sample()
+
+    def pause(self) -> None:
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
 
     def start(self) -> None:
         if self.enabled and self._thread is None:
@@ -139,6 +147,7 @@ class GpuSampler:
             self._stop.set()
             self._thread.join()
             self._thread = None
-            self._sample()
+            if not self._paused.is_set():  # after the last evaluation: not a training reading
+                self._sample()
         summary = summarize(self.samples)
         return {**summary, **limits(self.device)} if summary else summary

@@ -48,3 +48,14 @@ def test_comm_bad_input_is_one_line_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_doctor_all_reduce_rows_through_comms_code():
+    """doctor's all-reduce rows (taken on machines with several GPUs) on 2 gloo processes: the
+    same launch and result.json as `paratrain comm`, the sizes doctor keeps."""
+    from paratrain.doctor.measure import all_reduce
+
+    rows = all_reduce(2, "cpu", quick=True)
+    assert [r["bytes"] for r in rows] == [2**20, 4 * 2**20]  # 1 MiB and the CPU's largest
+    assert all(r["kind"] == "all_reduce" and r["value"] > 0 for r in rows)
+    assert rows[0]["name"] == "all_reduce 1 MiB x2 (gloo)"

@@ -75,6 +75,26 @@ def test_a_loader_bound_recipe_and_a_loader_with_headroom():
     assert "3.0x what the steps use: not the bottleneck" in advice.loader(found(rows))[0]
 
 
+def test_a_slow_gpu_pair_and_one_without_peer_access():
+    def pair(a, b, value, peer=True):
+        return {
+            "name": "p2p",
+            "value": value,
+            "unit": "GB/s",
+            "kind": "p2p",
+            "gpu": a,
+            "peer": b,
+            "peer_access": peer,
+        }
+
+    rows = [pair(0, 1, 380.0), pair(1, 0, 378.0), pair(0, 2, 375.0), pair(2, 0, 41.0)]
+    (line,) = advice.peers(found(rows))
+    assert line.startswith("GPU 2 -> GPU 0 copies at 41.0 GB/s") and "topo" in line
+    rows[3] = pair(2, 0, 12.0, peer=False)
+    assert "no peer access" in advice.peers(found(rows))[0]
+    assert advice.peers(found(rows[:3])) == []
+
+
 def test_gpu_utilisation_against_the_checklist():
     def step(busy):
         row = {"name": "step", "value": 1800.0, "unit": "samples/s", "kind": "step"}

@@ -108,6 +108,13 @@ def test_a_runs_loss_curve_is_its_step_log_or_its_peers_losses(tmp_path):
     assert loss_curve(tmp_path, {}) == [[10, 2.5]]
     peer = {"summary": {"losses": [3.0, 2.0]}}
     assert loss_curve(tmp_path / "none", peer) == [[1, 3.0], [2, 2.0]]
+    # a peer's per-step losses as paratrain logs them: the mean since the last point, every
+    # log.every_steps (the last, shorter interval at its own last step)
+    every = {
+        "summary": {"losses": [4.0, 2.0, 3.0, 1.0, 5.0]},
+        "config": {"log": {"every_steps": 2}},
+    }
+    assert loss_curve(tmp_path / "none", every) == [[2, 3.0], [4, 2.0], [5, 5.0]]
 
 
 CHROMIUM = next((c for c in ("chromium", "chromium-browser") if shutil.which(c)), None)

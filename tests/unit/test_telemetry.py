@@ -64,3 +64,25 @@ def test_affinity_in_tasksets_short_form(monkeypatch):
 
     monkeypatch.setattr(metrics.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11})
     assert metrics._affinity() == "0-3,8,10-11"
+
+
+def test_sampler_reads_nothing_while_the_clock_is_paused(monkeypatch):
+    from paratrain.trainer.measure import TrainClock
+
+    fake = {k: (lambda d: 1.0) for k in telemetry.READINGS}
+    monkeypatch.setattr(telemetry, "READINGS", fake)
+    monkeypatch.setattr(telemetry, "limits", lambda d: {})
+    sampler = telemetry.GpuSampler(torch.device("cuda"), interval_s=0.01)
+    clock = TrainClock(torch.device("cpu"), sampler=sampler)
+    clock.resume()
+    sampler.start()
+    time.sleep(0.1)
+    clock.pause()  # evaluation
+    time.sleep(0.02)  # a reading in flight when the pause came lands now
+    n = len(sampler.samples)
+    time.sleep(0.15)
+    assert len(sampler.samples) == n  # nothing read during the evaluation
+    clock.resume()
+    time.sleep(0.1)
+    assert len(sampler.samples) > n
+    sampler.stop()

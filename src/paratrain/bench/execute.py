@@ -125,7 +125,7 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
 def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
     """[[step, loss], ...] of one run, for the report's loss curves: paratrain's step log
     (steps.jsonl, a point every log.every_steps), or a peer's per-step losses where it keeps
-    them (summary.losses)."""
+    them (summary.losses), averaged over the same intervals."""
     steps = run_dir / "steps.jsonl"
     if steps.is_file():
         points = []
@@ -140,7 +140,14 @@ def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
         # step stands
         return sorted({step: [step, loss] for step, loss in points}.values())
     losses = (result.get("summary") or {}).get("losses") or []
-    return [[i, loss] for i, loss in enumerate(losses, start=1)]
+    # the same points as paratrain's log: the mean of the steps since the last point, every
+    # log.every_steps (a per-step curve beside interval means would differ where both agree)
+    every = max(int(((result.get("config") or {}).get("log") or {}).get("every_steps") or 1), 1)
+    points = []
+    for end in range(every, len(losses) + every, every):
+        chunk = losses[end - every : end]
+        points.append([end - every + len(chunk), sum(chunk) / len(chunk)])
+    return points
 
 
 def _host() -> dict:

@@ -97,6 +97,27 @@ def gpus(found: dict) -> list[str]:
     return out
 
 
+def peers(found: dict) -> list[str]:
+    """GPU pairs: one far slower than the others (a PCIe hop where the rest have NVLink, a link
+    down), or no peer access at all (copies and NCCL go through the host)."""
+    pairs = _rows(found, "p2p")
+    out = []
+    for i, r in enumerate(pairs):
+        others = [o["value"] for j, o in enumerate(pairs) if j != i]
+        if r.get("peer_access") is False:
+            out.append(
+                f"GPU {r['gpu']} -> GPU {r['peer']}: no peer access, copies go through the host "
+                f"({r['value']:.1f} GB/s); keep tensor / pipeline groups off this pair"
+            )
+        elif others and r["value"] < SLOW_GPU * statistics.median(others):
+            out.append(
+                f"GPU {r['gpu']} -> GPU {r['peer']} copies at {r['value']:.1f} GB/s, "
+                f"{r['value'] / statistics.median(others):.0%} of the other pairs' median: a "
+                "slower path between these two (nvidia-smi topo -m)"
+            )
+    return out
+
+
 def numa(found: dict) -> list[str]:
     nodes = found["facts"]["numa_nodes"]
     placed = [g for g in found["facts"]["gpus"] if g.get("numa_node", -1) >= 0]
@@ -169,7 +190,7 @@ def cpu_only(found: dict) -> list[str]:
     ]
 
 
-RULES = (pin_memory, links, gpus, numa, loader, utilisation, cpu_only)
+RULES = (pin_memory, links, gpus, peers, numa, loader, utilisation, cpu_only)
 
 
 def lines(found: dict[str, Any]) -> list[str]:

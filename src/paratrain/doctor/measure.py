@@ -55,6 +55,78 @@ def copies(gpu: dict, mib: int) -> list[dict]:
     return out
 
 
+def peer_copies(gpus: list[dict], mib: int) -> list[dict]:
+    """Device-to-device copy rate of every ordered pair of GPUs (NVLink, PCIe peer-to-peer, or
+    through the host where the pair has no peer access)."""
+    out = []
+    n = mib * 2**20
+    for a in gpus:
+        for b in gpus:
+            if a["index"] == b["index"]:
+                continue
+            src = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", a["index"]))
+            dst = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", b["index"]))
+
+            def copy(src=src, dst=dst) -> None:
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize(src.device)  # the copy runs on the source's stream
+
+            seconds = _timed(copy, dst.device, 5)
+            peer = torch.cuda.can_device_access_peer(a["index"], b["index"])
+            out.append(
+                row(
+                    f"GPU {a['index']} -> GPU {b['index']} copy",
+                    n / seconds / 1e9,
+                    "GB/s",
+                    kind="p2p",
+                    gpu=a["index"],
+                    peer=b["index"],
+                    peer_access=peer,
+                    note=None if peer else "no peer access: through the host",
+                )
+            )
+    return out
+
+
+def all_reduce(nproc: int, device: str, quick: bool) -> list[dict]:
+    """All-reduce bus bandwidth at a few sizes through `paratrain comm`'s own code, on `nproc`
+    processes under torchrun's agent (NCCL on GPUs, gloo on CPUs)."""
+    import json
+
+    from paratrain import collectives, launch
+
+    big = (64 if quick else 256) * 2**20 if device == "cuda" else 4 * 2**20
+    with tempfile.TemporaryDirectory(prefix="paratrain-doctor-comm-") as out:
+        cfg = collectives.CommConfig(
+            ops=["all_reduce"],
+            min_bytes=2**20,
+            max_bytes=big,
+            dtype="bf16" if device == "cuda" else "fp32",
+            iters=5 if quick else 10,
+            warmup=2,
+            passes=1 if quick else 3,
+            device=device,
+            out_dir=out,
+        )
+        path = collectives.write_config(cfg)
+        argv = launch.torchrun_argv(launch.LaunchConfig(), nproc, path, "paratrain.collectives")
+        launch.run_torchrun(argv)
+        result = json.loads((Path(out) / "result.json").read_text())
+    wanted = {2**20, 16 * 2**20, big}  # a small, a middle and the largest message
+    return [
+        row(
+            f"all_reduce {r['bytes'] // 2**20} MiB x{nproc} ({result['backend']})",
+            r["busbw_gbps"],
+            "GB/s",
+            kind="all_reduce",
+            bytes=r["bytes"],
+            note="bus bandwidth, nccl-tests' convention",
+        )
+        for r in result["rows"]
+        if r["bytes"] in wanted
+    ]
+
+
 def device_memory(device: torch.device, mib: int, expected: float | None) -> dict:
     n = mib * 2**20 // 4
     a = torch.empty(n, dtype=torch.float32, device=device)
@@ -88,6 +160,9 @@ def matmul(device: torch.device, size: int) -> dict:
     )
 
 
+SMALL_READ = 16 * 2**20
+
+
 def disk(path: str | None, mib: int) -> dict:
     """The read rate of the data folder's files (first read: the page cache may already hold
     them, so this is an upper bound), or of a file written here for the purpose."""
@@ -97,8 +172,9 @@ def disk(path: str | None, mib: int) -> dict:
         files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
     if not files:
         return row("disk read", None, "MB/s", note="no data.path to read (doctor --data-path)")
-    budget, read, t0 = mib * 2**20, 0, time.perf_counter()
+    budget, read, opened, t0 = mib * 2**20, 0, 0, time.perf_counter()
     for p in files:
+        opened += 1
         with open(p, "rb") as f:
             # ask the kernel to forget the file first, where it listens
             with contextlib.suppress(AttributeError, OSError):
@@ -110,13 +186,17 @@ def disk(path: str | None, mib: int) -> dict:
         if read >= budget:
             break
     seconds = max(time.perf_counter() - t0, 1e-9)
+    note = [f"{opened} files, {opened / seconds:,.0f} files/s"] if opened > 1 else []
+    if read < SMALL_READ:  # a few small files: opening them is the time, not the disk
+        note.append(f"only {read / 1e6:.2g} MB: a per-file rate, not the disk's")
     return row(
         f"disk read ({path})",
         read / seconds / 1e6,
         "MB/s",
         kind="disk",
         bytes=read,
-        note=f"{len(files)} files" if len(files) > 1 else None,
+        files=opened,
+        note="; ".join(note) or None,
     )
 
 
@@ -209,6 +289,11 @@ def all_of(facts: dict, recipe: str | None, data_path: str | None, quick: bool) 
         rows.append(matmul(dev, 4096 if quick else 8192))
     if not facts["gpus"]:
         rows.append(row("host <-> device copies", None, "GB/s", note="no GPU: skipped"))
+    if len(facts["gpus"]) > 1:
+        rows += peer_copies(facts["gpus"], mib)
+        rows += all_reduce(len(facts["gpus"]), "cuda", quick)
+    else:
+        rows.append(row("GPU <-> GPU copies, all-reduce", None, "GB/s", note="fewer than 2 GPUs"))
     cpu = torch.device("cpu")
     rows.append(device_memory(cpu, mib, None))
     rows.append(matmul(cpu, 512 if quick else 1024))

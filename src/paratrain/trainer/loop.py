@@ -77,9 +77,9 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
     progress.update(state.step)
     metrics.reset_peak_memory(device)
-    clock = TrainClock(device, energy_counter(run_devices(run)))
-    meter = Meter(device, state.step, tc.warmup_steps, tc.profile_steps)
     gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
+    clock = TrainClock(device, energy_counter(run_devices(run)), gpu)
+    meter = Meter(device, state.step, tc.warmup_steps, tc.profile_steps)
     profiler = StepProfiler(device, tc.profile_steps, run.out_dir, env.is_main)
     start_step = state.step
     epochs: list[dict[str, Any]] = []

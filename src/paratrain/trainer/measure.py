@@ -17,23 +17,29 @@ from paratrain import metrics
 
 class TrainClock:
     """Seconds spent training, with evaluation and checkpointing paused out of it; and, where
-    `energy` reads a counter of joules (the GPUs' NVML counter), the joules of those seconds."""
+    `energy` reads a counter of joules (the GPUs' NVML counter), the joules of those seconds;
+    the GPU telemetry (`sampler`) reads only while it runs."""
 
-    def __init__(self, device: torch.device, energy=None):
+    def __init__(self, device: torch.device, energy=None, sampler=None):
         self.device, self.total, self.started = device, 0.0, None
         self.energy, self.joules_total, self.joules_started = energy, 0.0, 0.0
+        self.sampler = sampler  # the GPU telemetry pauses with the clock
 
     def resume(self) -> None:
         if self.started is None:
             self.started = metrics.now(self.device)
             if self.energy is not None:
                 self.joules_started = self.energy()
+            if self.sampler is not None:
+                self.sampler.resume()
 
     def pause(self) -> None:
         if self.started is not None:
             self.total += metrics.now(self.device) - self.started
             if self.energy is not None:
                 self.joules_total += self.energy() - self.joules_started
+            if self.sampler is not None:
+                self.sampler.pause()
             self.started = None
 
     def joules(self) -> float | None:
