@@ -36,6 +36,7 @@ from paratrain.parallel import ONE_PROCESS, STRATEGIES, Strategy
 from paratrain.parallel.ddp import DDPConfig
 from paratrain.parallel.pipeline import PipelineConfig
 from paratrain.parallel.split import SplitConfig
+from paratrain.parallel.sync import SyncConfig
 from paratrain.precision import Precision, ScalerConfig
 from paratrain.tasks import resolve_task, task_module
 from paratrain.trainer.checkpoint import CheckpointConfig
@@ -69,6 +70,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -93,6 +95,28 @@ class RunConfig:
                 f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
                 f"{self.strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
             )
+        if self.sync.mode != "every_step":
+            if not replicating or self.strategy == "ddp-full":
+                raise ValueError(
+                    f"sync.mode: {self.sync.mode} changes how DDP's replicas agree; strategy "
+                    f"{self.strategy} has none that train apart (use ddp-ds or ddp-rr)"
+                )
+            if self.sync.mode == "stale" and self.precision == "fp16":
+                raise ValueError(
+                    "sync.mode: stale applies last step's gradients, which fp16's loss scale "
+                    "may have changed since; use bf16 or fp32"
+                )
+        if self.sync.simulated_gbps:
+            if not replicating:
+                raise ValueError(
+                    f"sync.simulated_gbps: delays DDP's gradient collectives; strategy "
+                    f"{self.strategy} has none (use ddp-ds or ddp-rr)"
+                )
+            if self.ddp.gradient_compression == "powersgd":
+                raise ValueError(
+                    "sync.simulated_gbps: PowerSGD's bytes are not counted, so no delay can be "
+                    "derived from them; use none, fp16, bf16 or int8"
+                )
         if p.cpu_offload and not (self.strategy == "fsdp" or p.dp_shard != 1):
             raise ValueError(
                 f"parallel.cpu_offload: moves FSDP's shards to host memory; strategy "

@@ -86,6 +86,26 @@ BAD = [
     ),
     (["--set", "ddp.powersgd_start_step=1"], "ddp.powersgd_start_step: must be >= 2"),
     (
+        ["--set", "strategy=fsdp", "--set", "sync.mode=local_sgd"],
+        "sync.mode: local_sgd changes how DDP's replicas agree; strategy fsdp has none",
+    ),
+    (
+        ["--set", "strategy=ddp-full", "--set", "sync.mode=diloco"],
+        "sync.mode: diloco changes how DDP's replicas agree; strategy ddp-full",
+    ),
+    (
+        ["--set", "strategy=ddp-ds", "--set", "sync.mode=stale", "--set", "precision=fp16"],
+        "sync.mode: stale applies last step's gradients",
+    ),
+    (["--set", "sync.every_steps=0"], "sync.every_steps: must be >= 1"),
+    (
+        [
+            *("--set", "strategy=ddp-ds", "--set", "sync.simulated_gbps=1"),
+            *("--set", "ddp.gradient_compression=powersgd"),
+        ],
+        "sync.simulated_gbps: PowerSGD's bytes are not counted",
+    ),
+    (
         ["--set", "strategy=ddp-ds", "--set", "parallel.cpu_offload=true"],
         "parallel.cpu_offload: moves FSDP's shards to host memory; strategy ddp-ds has none",
     ),

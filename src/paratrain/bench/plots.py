@@ -117,6 +117,41 @@ def comm_plot(result: dict, path: Path) -> Path:
     return _save_lines(fig, ax, path)
 
 
+def sync_plot(groups: list[Group], path: Path, name: str) -> Path | None:
+    """Held-out accuracy against the bytes each rank sends per step, one point per configuration
+    (its seeds' median, the bar their range): where each way of agreeing sits."""
+    from paratrain.bench.report import by_label, sync_point
+
+    points = {
+        label: p
+        for label, p in ((k, sync_point(v)) for k, v in by_label(groups).items())
+        if p["acc"] and p["bytes"] and p["bytes"].median > 0
+    }
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, p in points.items():
+        acc, b = p["acc"], p["bytes"].median
+        ax.errorbar(
+            [b],
+            [acc.median * 100],
+            yerr=[[(acc.median - acc.low) * 100], [(acc.high - acc.median) * 100]],
+            fmt="o",
+            capsize=3,
+            label=label,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent per step per rank (log)")
+    ax.set_ylabel("held-out accuracy, %")
+    ax.set_title(f"{name}: accuracy vs communication")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = []
@@ -133,6 +168,10 @@ def plots_for(kind: str, name: str, groups: list[Group], out_dir: Path) -> list[
                 groups, out_dir / f"{name}_throughput.png", "label", "configurations and peers"
             )
         )
+    elif kind == "sync":
+        made.append(sync_plot(groups, out_dir / f"{name}_accuracy_bytes.png", name))
+        # one seed's curves: three seeds per configuration would be a thicket
+        groups = [g for g in groups if g.params.get("seed") in (None, 0)]
     else:
         made.append(
             bars_plot(groups, out_dir / f"{name}_runs.png", "label", name, tokens=kind == "llm")

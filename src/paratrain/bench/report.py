@@ -403,6 +403,92 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
     return Table("Language-model fine-tuning (seed table 5.2)", headers, rows, notes)
 
 
+def by_label(groups: list[Group]) -> dict[str, list[Group]]:
+    """Groups that differ only by seed (a grid axis) under one label, in the sweep's order."""
+    out: dict[str, list[Group]] = {}
+    for g in groups:
+        out.setdefault(g.label, []).append(g)
+    return out
+
+
+def sync_point(members: list[Group]) -> dict[str, Any]:
+    """One configuration over its seeds: held-out accuracy and loss (median, min, max), the
+    bytes each rank handed to the collectives per step, step time."""
+
+    def values(key: str) -> list[float]:
+        return [m[key] for g in members for m in g.metrics_list if m.get(key) is not None]
+
+    comm = [
+        m["communication"]["bytes_per_step"]
+        for g in members
+        for m in g.metrics_list
+        if m.get("communication")
+    ]
+    return {
+        "acc": arith.stat(values("val_accuracy")),
+        "loss": arith.stat(values("val_loss")),
+        "bytes": arith.stat(comm),
+        "step": arith.stat(values("step_time_s")),
+        "seeds": sum(len(g.metrics_list) for g in members),
+        "failed": [f for g in members for f in g.failed],
+    }
+
+
+SYNC_NOTE = (
+    "Held-out accuracy: median over the seeds, [lowest - highest]. Bytes per step: what each rank "
+    "handed to the gradient / parameter collectives over the run, per optimizer step (counted "
+    "from the tensors sent: gradients under every-step DDP in the hook's dtype, parameters when "
+    "local SGD averages, fp32 pseudo-gradients for DiLoCo; n/a for PowerSGD, whose factors are not "
+    "counted). The same optimizer steps in every row."
+)
+
+
+def sync_table(groups: list[Group], reference: str | None) -> Table:
+    headers = [
+        "configuration",
+        "seeds",
+        "held-out acc",
+        "held-out loss",
+        "bytes/step per rank",
+        "vs reference bytes",
+        "step ms",
+    ]
+    points = {label: sync_point(members) for label, members in by_label(groups).items()}
+    ref = points.get(reference) if reference else next(iter(points.values()), None)
+    rows = []
+    for label, p in points.items():
+        if not p["seeds"]:
+            rows.append([label, "0", "failed" if p["failed"] else "n/a", *["n/a"] * 4])
+            continue
+        acc = p["acc"]
+        rel = (
+            p["bytes"].median / ref["bytes"].median
+            if p["bytes"] and ref and ref["bytes"] and ref["bytes"].median
+            else None
+        )
+        rows.append(
+            [
+                label,
+                str(p["seeds"]),
+                (
+                    f"{acc.median * 100:.2f}% [{acc.low * 100:.2f} - {acc.high * 100:.2f}]"
+                    if acc.n > 1
+                    else f"{acc.median * 100:.2f}%"
+                )
+                if acc
+                else "n/a",
+                p["loss"].fmt(4) if p["loss"] else "n/a",
+                _fmt(p["bytes"].median if p["bytes"] else None, ",.0f"),
+                _fmt(rel, ".3f", "x"),
+                p["step"].fmt(1, 1000) if p["step"] else "n/a",
+            ]
+        )
+    if all(r[3] == "n/a" for r in rows):  # image runs keep no held-out loss
+        headers = headers[:3] + headers[4:]
+        rows = [r[:3] + r[4:] for r in rows]
+    return Table("How often the replicas agree (seed 001 §5.3)", headers, rows, [SYNC_NOTE])
+
+
 def plain_table(groups: list[Group]) -> Table:
     headers = ["configuration", "img/s", "step ms", "held-out acc", "peak GiB", "J/sample"]
     rows = [
@@ -502,6 +588,8 @@ def build_report(
             table = llm_table(groups, seed["llm"], spec.get("reference"))
         elif kind == "variants":
             table = variants_table(groups, spec.get("reference"))
+        elif kind == "sync":
+            table = sync_table(groups, spec.get("reference"))
         else:
             table = plain_table(groups)
         table.title = f"{table.title} — sweep `{name}`"

@@ -30,7 +30,7 @@ from paratrain.config import RunConfig, load_config, read_yaml
 from paratrain.errors import ConfigError
 
 PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol", "hf_lora")
-TABLES = ("dp_modes", "precision", "pin_memory", "variants", "llm", "plain")
+TABLES = ("dp_modes", "precision", "pin_memory", "variants", "llm", "sync", "plain")
 _KEYS = {
     "name",
     "recipe",

@@ -58,6 +58,7 @@ def parallelize(
     lora: bool,
     compile_units: list[nn.Module] | None,
     stage_modules: list[nn.Module] | None = None,
+    link=None,
 ) -> tuple[nn.Module, nn.Module]:
     """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
     whose forward is a collective). stage_modules: an interleaved pipeline's stages on this
@@ -93,7 +94,7 @@ def parallelize(
             return inner, inner
         return apply_fsdp(inner, spec.blocks(model), mesh, policy, parallel.cpu_offload), inner
     if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
-        return apply_ddp(inner, device, ddp), inner
+        return apply_ddp(inner, device, ddp, link=link), inner
     if wrapper == "data-parallel":
         wrapped = apply_dp(inner, device)
         return wrapped, wrapped

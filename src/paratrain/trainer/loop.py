@@ -206,6 +206,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     # ================================================================ end of loop
 
     progress.close()
+    run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients are not applied)
     curves = steplog.close()
     profiler.stop()  # a run too short to reach its measured steps
     telemetry = pg.all_gather_object(gpu.stop())

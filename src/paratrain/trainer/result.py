@@ -93,6 +93,9 @@ def build(
         "peak_memory_kind": peak_kind,
         "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
+        # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
+        # None where not counted (one process, FSDP, PowerSGD)
+        "communication": communication(run, state.step - start_step),
         "profile": profile,  # rank 0's top operators per step, when profiled
         "profile_phases": phases,  # rank 0's step by phase (profiling.phase_times)
     }
@@ -176,6 +179,20 @@ def precision_label(result: dict[str, Any]) -> str:
     """bf16, or bf16+fp8-rowwise when the linear layers compute in float8 (model.fp8)."""
     fp8 = result.get("fp8")
     return f"{result['precision']}+fp8-{fp8}" if fp8 else result["precision"]
+
+
+def communication(run, steps: int) -> dict | None:
+    sync = run.sync
+    if sync is None or sync.sent is None or run.env.world_size == 1:
+        return None
+    return {
+        "mode": run.cfg.sync.mode,
+        "bytes_sent": sync.sent,
+        "bytes_per_step": sync.sent / max(steps, 1),
+        "compression": run.cfg.ddp.gradient_compression,
+        # a simulated link's rate (sync.simulated_gbps): step times then include its delays
+        "simulated_gbps": run.cfg.sync.simulated_gbps or None,
+    }
 
 
 def energy(

@@ -20,9 +20,11 @@ from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
 from paratrain.parallel.apply import data_parallel_wrapper, parallelize, step_context
-from paratrain.parallel.ddp import average_buffers, unwrap
+from paratrain.parallel.ddp import average_buffers, bytes_per_element, unwrap
 from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
+from paratrain.parallel.slowlink import SlowLink
 from paratrain.parallel.split import apply_split, split_devices
+from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.tasks import Workload, task_module
@@ -75,6 +77,9 @@ class Run:
     tp ranks before each optimizer step), else empty."""
     saves: AsyncSaves | None = None
     """checkpoint.async_mode: the save in flight."""
+    sync: Any = None
+    """How the data-parallel replicas agree (parallel/sync.py): every step, local SGD, DiLoCo,
+    stale-1; it also counts the bytes this rank hands to the gradient collectives."""
     grad_norm: Any = None
     """The last step's gradient norm (a device tensor) where this rank holds whole gradients
     (one process, DDP), for the step log; None elsewhere."""
@@ -189,6 +194,12 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         devices = split_devices(cfg.split, device)
         split = apply_split(model, work.spec, devices, cfg.split.boundaries)
 
+    # sync.simulated_gbps: the gradient / parameter collectives as if over a slow link
+    link = (
+        SlowLink(cfg.sync.simulated_gbps)
+        if cfg.sync.simulated_gbps and env.world_size > 1
+        else None
+    )
     # ---- applied from outside the model, in a fixed order (parallel/apply.py)
     model, eval_model = parallelize(
         model,
@@ -203,6 +214,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         lora=cfg.task == "causal_lm" and cfg.lora.enabled,
         compile_units=work.compile_units,
         stage_modules=stage_modules,
+        link=link,
     )
     pipe = None
     if dims.pp > 1:  # one stage: the (wrapped) model itself; interleaved: modules sharing it
@@ -247,6 +259,14 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         params=params,
         dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
         saves=AsyncSaves(cfg.checkpoint.async_mode),
+        sync=build_sync(
+            cfg.sync,
+            params,
+            bytes_per_element(cfg.ddp.gradient_compression, params[0].dtype)
+            if wrapper == "ddp" and env.world_size > 1 and params
+            else None,
+            link=link,
+        ),
     )
     # A restarted worker continues from its run's newest good checkpoint (before it has one,
     # from where the first generation started).

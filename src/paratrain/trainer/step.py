@@ -20,6 +20,7 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
     tokens it trained on, or None for images; whether the step was applied: False when its
     loss or gradients were not finite on some rank, and every rank skipped the update)."""
     k, work, scaler = run.k, run.work, run.scaler
+    step = run.state.step + 1  # the step being taken, from 1
     cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
     with run.step_context():  # loss_parallel under TP: forward and backward inside it
@@ -34,7 +35,9 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
                     batch = next(batches)
                 # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
                 # or reduce-scatters (FSDP).
-                with gradient_sync(run.model, enabled=micro == k - 1):
+                # sync.mode: local SGD, DiLoCo and stale-1 take no all-reduce in backward
+                sync = micro == k - 1 and run.sync.grad_sync(step)
+                with gradient_sync(run.model, enabled=sync):
                     with phase("forward", cuda), run.policy.autocast():
                         loss, n_tokens = work.loss(run.model, batch)
                         if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
@@ -59,12 +62,15 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
             run.optimizer.zero_grad(set_to_none=True)
             return loss_sum, tokens, False
     with phase("optimizer", cuda):
-        if scaler is not None:
-            scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
-            scaler.update()  # ... and then the scale backs off
-        else:
-            run.optimizer.step()
+        # stale-1: this step's gradients start their all-reduce; last step's are applied
+        if run.sync.before_optimizer(step):
+            if scaler is not None:
+                scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
+                scaler.update()  # ... and then the scale backs off
+            else:
+                run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
+        run.sync.after_optimizer(step)  # local SGD, DiLoCo: the replicas averaged every H steps
     return loss_sum, tokens, True
 
 

@@ -1,0 +1,240 @@
+"""How often the data-parallel replicas agree (seed 001 §5.3: synchronous against asynchronous
+updates). every_step is DDP's all-reduce of each step's gradients: the replicas stay equal.
+local_sgd and diloco let each replica step alone and average the models every `every_steps`
+steps; stale overlaps each step's gradient all-reduce with the next step and applies it one step
+late. The last three trade exactness for less waiting; what they cost in accuracy is measured,
+not assumed (benchmarks/sync_modes.py).
+
+Asynchronous SGD through a parameter server (workers pushing gradients whenever they finish) is
+not built: it needs point-to-point traffic to a server process, which torch.distributed's
+collectives do not give, and stale-1 over the all-reduce keeps the one property that matters on
+a fast fabric (communication hidden behind compute) without unbounded staleness.
+
+The step calls grad_sync (does DDP all-reduce this step?), before_optimizer (may the optimizer
+step now? stale swaps in last step's averaged gradients here) and after_optimizer (averaging).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+Mode = Literal["every_step", "local_sgd", "diloco", "stale"]
+
+
+@dataclass(kw_only=True)
+class SyncConfig:
+    """How often the data-parallel replicas (DDP) agree."""
+
+    mode: Mode = "every_step"
+    """every_step: DDP all-reduces every step's gradients (exact: equals one process with the
+    whole batch). local_sgd: each replica steps alone; the parameters are averaged every
+    `every_steps` steps (torch.distributed.algorithms.model_averaging). diloco: each replica's
+    inner optimizer steps alone for `every_steps` steps, then the mean change is applied by an
+    outer Nesterov SGD (arXiv 2311.08105). stale: each step's gradient all-reduce runs during the
+    next step's forward and backward and is applied one step late."""
+    every_steps: int = 16
+    """local_sgd / diloco: local steps between two averagings (DiLoCo's H)."""
+    warmup_steps: int = 0
+    """Synchronous steps (every_step) first, while the model changes fastest."""
+    outer_lr: float = 0.7
+    """diloco: the outer optimizer's learning rate (1 with no momentum: plain averaging)."""
+    outer_momentum: float = 0.9
+    """diloco: the outer optimizer's Nesterov momentum (0: none)."""
+    simulated_gbps: float = 0.0
+    """A simulated slow link (0: off): every gradient / parameter collective completes no sooner
+    than its payload at this many Gbit/s (parallel/slowlink.py), to see on one machine where each
+    mode pays. A simulation, stated in result.json."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError(f"every_steps: must be >= 1, got {self.every_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.outer_lr <= 0 or not 0 <= self.outer_momentum < 1:
+            raise ValueError("outer_lr must be > 0 and outer_momentum in [0, 1)")
+        if self.simulated_gbps < 0:
+            raise ValueError(f"simulated_gbps: must be >= 0 (0: off), got {self.simulated_gbps}")
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _mean_in_place(flat: torch.Tensor, group) -> None:
+    dist.all_reduce(flat, group=group)  # SUM then divide: gloo has no AVG
+    flat /= dist.get_world_size(group)
+
+
+class EveryStep:
+    """DDP's own all-reduce each step; bytes: the gradients as the compression hook sends them
+    (None where it cannot be counted from the tensors: PowerSGD's factors vary by shape)."""
+
+    def __init__(self, params: list[nn.Parameter], per_element: float | None, link=None):
+        self.link = link  # a simulated slow link (parallel/slowlink.py), or None
+        self.grad_bytes = (
+            None
+            if per_element is None
+            else sum(p.numel() for p in params if p.requires_grad) * per_element
+        )
+        self.sent: float | None = 0.0
+
+    def grad_sync(self, step: int) -> bool:
+        return True
+
+    def before_optimizer(self, step: int) -> bool:
+        self.sent = None if self.grad_bytes is None else self.sent + self.grad_bytes
+        return True
+
+    def after_optimizer(self, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class LocalSGD(EveryStep):
+    """Replicas step alone; every `every_steps` steps their parameters are averaged."""
+
+    def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
+        super().__init__(params, per_element, link)
+        self.cfg, self.params, self.group = cfg, list(params), group
+
+    def hold(self, started: float, nbytes: float) -> None:
+        if self.link is not None:
+            self.link.hold(started, nbytes)
+
+    def local(self, step: int) -> bool:
+        return step > self.cfg.warmup_steps
+
+    def grad_sync(self, step: int) -> bool:
+        return not self.local(step)
+
+    def before_optimizer(self, step: int) -> bool:
+        if not self.local(step):
+            return super().before_optimizer(step)
+        return True
+
+    def averaging_step(self, step: int) -> bool:
+        return self.local(step) and (step - self.cfg.warmup_steps) % self.cfg.every_steps == 0
+
+    def after_optimizer(self, step: int) -> None:
+        if self.averaging_step(step):
+            from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+            started = time.perf_counter()
+            average_parameters(iter(self.params), self.group)
+            self.hold(started, nbytes(self.params))
+            self.sent = None if self.sent is None else self.sent + nbytes(self.params)
+
+
+class DiLoCo(LocalSGD):
+    """Inner steps alone; every `every_steps` steps the replicas' mean change since the last
+    outer step (the pseudo-gradient) is applied to the shared weights by Nesterov SGD, and every
+    replica starts again from them."""
+
+    def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
+        super().__init__(cfg, params, per_element, group, link)
+        # the weights all replicas last agreed on, in fp32, with the outer optimizer over them
+        self.anchor = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.outer = torch.optim.SGD(
+            self.anchor,
+            lr=cfg.outer_lr,
+            momentum=cfg.outer_momentum,
+            nesterov=cfg.outer_momentum > 0,
+        )
+
+    def after_optimizer(self, step: int) -> None:
+        if not self.local(step):  # synchronous warm-up: the replicas are equal; follow them
+            with torch.no_grad():
+                for a, p in zip(self.anchor, self.params, strict=True):
+                    a.copy_(p)
+            return
+        if not self.averaging_step(step):
+            return
+        with torch.no_grad():
+            deltas = [a - p.float() for a, p in zip(self.anchor, self.params, strict=True)]
+            flat = torch.cat([d.reshape(-1) for d in deltas])
+            started = time.perf_counter()
+            _mean_in_place(flat, self.group)
+            self.hold(started, nbytes([flat]))
+            self.sent = None if self.sent is None else self.sent + nbytes([flat])
+            offset = 0
+            for a in self.anchor:
+                a.grad = flat[offset : offset + a.numel()].view_as(a).clone()
+                offset += a.numel()
+        self.outer.step()
+        self.outer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.params, strict=True):
+                p.copy_(a)
+
+    def state_dict(self) -> dict:
+        return {"anchor": [a.detach() for a in self.anchor], "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for a, saved in zip(self.anchor, state["anchor"], strict=True):
+                a.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+
+
+class Stale(EveryStep):
+    """Staleness 1: step t's gradients start their all-reduce (asynchronous) once its backward
+    is done, and the optimizer applies step t-1's averaged gradients, whose all-reduce ran during
+    step t's forward and backward. The first stale step applies nothing; the last step's
+    gradients are not applied (the run ends with its all-reduce waited for and dropped)."""
+
+    def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
+        super().__init__(params, per_element, link)
+        self.cfg, self.params, self.group = cfg, list(params), group
+        self.pending: tuple[dist.Work, torch.Tensor, float] | None = None
+
+    def grad_sync(self, step: int) -> bool:
+        return step <= self.cfg.warmup_steps
+
+    def before_optimizer(self, step: int) -> bool:
+        if step <= self.cfg.warmup_steps:
+            return super().before_optimizer(step)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat /= dist.get_world_size(self.group)  # SUM of the shares: the mean (no AVG on gloo)
+        started = time.perf_counter()
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        self.sent = None if self.sent is None else self.sent + nbytes([flat])
+        previous, self.pending = self.pending, (work, flat, started)
+        if previous is None:
+            for p in self.params:
+                p.grad = None
+            return False
+        self.wait(previous)
+        offset = 0
+        for p in self.params:
+            p.grad = previous[1][offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        return True
+
+    def wait(self, pending) -> None:
+        work, flat, started = pending
+        work.wait()
+        if self.link is not None:
+            self.link.hold(started, nbytes([flat]))
+
+    def finish(self) -> None:
+        if self.pending is not None:
+            self.wait(self.pending)
+            self.pending = None
+
+
+MODES = {"every_step": EveryStep, "local_sgd": LocalSGD, "diloco": DiLoCo, "stale": Stale}
+
+
+def build(cfg: SyncConfig, params, per_element: float | None, group=None, link=None):
+    if cfg.mode == "every_step":
+        return EveryStep(params, per_element, link)
+    return MODES[cfg.mode](cfg, params, per_element, group, link)
