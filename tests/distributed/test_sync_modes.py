@@ -3,6 +3,7 @@ reduce to synchronous SGD at H=1, stale-1 is a one-step-delayed update, the int8
 stays within its bound. The toy model trains on each rank's own rows in plain SGD; a run
 through `paratrain run` checks the wiring and the bytes counted."""
 
+import json
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from torch import nn
 
 from paratrain.parallel import sync as sync_modes
 from paratrain.parallel.ddp import int8_hook
+from paratrain.trainer.integrity import write_manifest
 
 pytestmark = pytest.mark.dist
 
@@ -70,7 +72,11 @@ def int8_round_trip(rank: int) -> dict:
     mine = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
     every = [torch.empty_like(mine) for _ in range(2)]
     dist.all_gather(every, mine)
-    return {"got": got, "exact": torch.stack(every).mean(0), "scale": max(e.abs().max() for e in every)}
+    return {
+        "got": got,
+        "exact": torch.stack(every).mean(0),
+        "scale": max(e.abs().max() for e in every),
+    }
 
 
 CASES = {
@@ -181,22 +187,56 @@ def test_int8_all_reduce_within_its_bound(results):
     assert torch.equal(r["got"], results[1]["int8"]["got"])  # every rank got the same mean
 
 
-def test_diloco_through_the_loop_trains_and_counts_bytes(tmp_path):
-    out = tmp_path / "diloco"
+RESUMED = [
+    *TINY,
+    *("--set", "train.lr_schedule=constant", "--set", "data.limit_samples=512"),
+    *("--set", "strategy=ddp-ds", "--set", "data.batch_size=16", "--set", "train.max_steps=8"),
+    *("--set", "checkpoint.every_steps=4", "--set", "checkpoint.keep=0", "--nproc", "2"),
+]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["sync.mode=diloco", "sync.every_steps=3"],  # a checkpoint between two outer steps
+        ["sync.mode=stale"],  # a checkpoint with an all-reduce in flight
+    ],
+    ids=["diloco", "stale"],
+)
+def test_each_mode_resumes_bit_for_bit(tmp_path, mode):
+    """Straight to step 8, against steps 5-8 resumed from the step-4 checkpoint: each rank's
+    own replica (weights, moments, DiLoCo's shared weights and outer momentum, stale-1's
+    gradients in flight) comes back, and the runs end equal. Without the replicas' files the
+    resumed DiLoCo run starts from their mean and ends elsewhere: the comparison can fail."""
+    sets = [a for m in mode for a in ("--set", m)]
+    straight = tmp_path / "straight"
+    run_cli(["run", *RESUMED, *sets, "--output-dir", straight])
+    comm = read_result(straight)["summary"]["communication"]
+    assert comm["mode"] == mode[0].split("=")[1]
+    # the tiny CNN's 9,930 fp32 parameters per exchange. DiLoCo: the outer steps at 3 and 6,
+    # the replicas' mean for the step-4 checkpoint (DCP's one copy) and at the end
+    assert comm["bytes_sent"] == {"diloco": 4, "stale": 8}[comm["mode"]] * 9_930 * 4
+    assert math.isfinite(read_result(straight)["summary"]["train_loss"])
+    start = straight / "checkpoints" / "step_00000004"
+    assert sorted(p.name for p in start.glob("replica_rank*.pt")) == [
+        "replica_rank00000.pt",
+        "replica_rank00001.pt",
+    ]
+    resumed = tmp_path / "resumed"
     run_cli(
-        [
-            "run",
-            *TINY,
-            *("--set", "train.max_steps=8", "--set", "data.limit_samples=512"),
-            *("--set", "strategy=ddp-ds", "--set", "data.batch_size=16", "--nproc", "2"),
-            *("--set", "sync.mode=diloco", "--set", "sync.every_steps=4"),
-            *("--set", "sync.warmup_steps=2", "--output-dir", out),
-        ]
+        ["run", *RESUMED, *sets, "--set", f"checkpoint.resume={start}", "--output-dir", resumed]
     )
-    r = read_result(out)
-    comm = r["summary"]["communication"]
-    params = sum(v.numel() for v in final_weights(out).values() if v.is_floating_point())
-    assert comm["mode"] == "diloco"
-    # 2 synchronous steps of gradients, then the pseudo-gradients at steps 6 (and not 10)
-    assert comm["bytes_sent"] <= (2 + 1) * params * 4 and comm["bytes_sent"] > 2 * 4 * 1000
-    assert math.isfinite(r["summary"]["train_loss"])
+    assert read_result(resumed)["summary"]["steps_this_run"] == 4
+    assert max_abs_diff(final_weights(resumed), final_weights(straight)) == 0.0
+    if mode[0] == "sync.mode=diloco":
+        for f in start.glob("replica_rank*.pt"):
+            f.unlink()
+        manifest = json.loads((start / "manifest.json").read_text())  # as a writer without them
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("replica_")}
+        write_manifest(start, manifest["step"], files)
+        lost = tmp_path / "lost"
+        p = run_cli(
+            ["run", *RESUMED, *sets, "--set", f"checkpoint.resume={start}", "--output-dir", lost]
+        )
+        assert "the replicas restart from rank 0's weights" in p.stdout
+        assert max_abs_diff(final_weights(lost), final_weights(straight)) > 1e-6

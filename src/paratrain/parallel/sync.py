@@ -97,9 +97,20 @@ class EveryStep:
     def finish(self) -> None:
         pass
 
+    # What a checkpoint keeps per rank: None where the replicas are equal (DCP's one copy does).
+    keeps_replicas = False
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 class LocalSGD(EveryStep):
     """Replicas step alone; every `every_steps` steps their parameters are averaged."""
+
+    keeps_replicas = True  # between averagings each rank's weights and moments are its own
 
     def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
         super().__init__(params, per_element, link)
@@ -124,13 +135,29 @@ class LocalSGD(EveryStep):
         return self.local(step) and (step - self.cfg.warmup_steps) % self.cfg.every_steps == 0
 
     def after_optimizer(self, step: int) -> None:
+        self.last_step = step
         if self.averaging_step(step):
-            from torch.distributed.algorithms.model_averaging.utils import average_parameters
+            self.average()
 
-            started = time.perf_counter()
-            average_parameters(iter(self.params), self.group)
-            self.hold(started, nbytes(self.params))
-            self.sent = None if self.sent is None else self.sent + nbytes(self.params)
+    def average(self) -> None:
+        """Every replica's parameters become their mean (model_averaging's own helper)."""
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        started = time.perf_counter()
+        average_parameters(iter(self.params), self.group)
+        self.hold(started, nbytes(self.params))
+        self.sent = None if self.sent is None else self.sent + nbytes(self.params)
+        self.averaged_at = getattr(self, "last_step", None)
+
+    def apart(self) -> bool:
+        """Whether the replicas may differ now: a local step since they last agreed."""
+        last = getattr(self, "last_step", None)
+        return last is not None and self.local(last) and getattr(self, "averaged_at", None) != last
+
+    def finish(self) -> None:
+        """The run's end: one model, the replicas' mean."""
+        if self.apart():
+            self.average()
 
 
 class DiLoCo(LocalSGD):
@@ -150,6 +177,7 @@ class DiLoCo(LocalSGD):
         )
 
     def after_optimizer(self, step: int) -> None:
+        self.last_step = step
         if not self.local(step):  # synchronous warm-up: the replicas are equal; follow them
             with torch.no_grad():
                 for a, p in zip(self.anchor, self.params, strict=True):
@@ -173,15 +201,20 @@ class DiLoCo(LocalSGD):
         with torch.no_grad():
             for a, p in zip(self.anchor, self.params, strict=True):
                 p.copy_(a)
+        self.averaged_at = step  # every replica holds the shared weights again
 
     def state_dict(self) -> dict:
         return {"anchor": [a.detach() for a in self.anchor], "outer": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """A replica's saved state; {}: start again from the weights as they are now (a resume
+        from rank 0's copy), the outer momentum afresh."""
         with torch.no_grad():
-            for a, saved in zip(self.anchor, state["anchor"], strict=True):
-                a.copy_(saved)
-        self.outer.load_state_dict(state["outer"])
+            saved = state.get("anchor") or [p.detach() for p in self.params]
+            for a, value in zip(self.anchor, saved, strict=True):
+                a.copy_(value)
+        if "outer" in state:
+            self.outer.load_state_dict(state["outer"])
 
 
 class Stale(EveryStep):
@@ -193,7 +226,9 @@ class Stale(EveryStep):
     def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
         super().__init__(params, per_element, link)
         self.cfg, self.params, self.group = cfg, list(params), group
-        self.pending: tuple[dist.Work, torch.Tensor, float] | None = None
+        self.pending: tuple[dist.Work | None, torch.Tensor, float] | None = None
+
+    keeps_replicas = True  # the all-reduce in flight: the gradients the next step applies
 
     def grad_sync(self, step: int) -> bool:
         return step <= self.cfg.warmup_steps
@@ -221,7 +256,8 @@ class Stale(EveryStep):
 
     def wait(self, pending) -> None:
         work, flat, started = pending
-        work.wait()
+        if work is not None:  # None: restored from a checkpoint, already complete
+            work.wait()
         if self.link is not None:
             self.link.hold(started, nbytes([flat]))
 
@@ -229,6 +265,18 @@ class Stale(EveryStep):
         if self.pending is not None:
             self.wait(self.pending)
             self.pending = None
+
+    def state_dict(self) -> dict:
+        """The all-reduce in flight, completed: the mean gradients the next step applies."""
+        if self.pending is None:
+            return {"pending": None}
+        self.wait(self.pending)
+        self.pending = (None, self.pending[1], self.pending[2])
+        return {"pending": self.pending[1]}
+
+    def load_state_dict(self, state: dict) -> None:
+        flat = state.get("pending")
+        self.pending = None if flat is None else (None, flat, time.perf_counter())
 
 
 MODES = {"every_step": EveryStep, "local_sgd": LocalSGD, "diloco": DiLoCo, "stale": Stale}

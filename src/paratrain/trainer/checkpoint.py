@@ -260,6 +260,7 @@ def save_checkpoint(
     keep: int,
     layout: dict[str, Any] | None = None,
     saves: AsyncSaves | None = None,
+    replica: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank must call it. Returns the checkpoint's folder (with `saves` in an
     async mode, where it will be once `saves.wait()` returns)."""
@@ -280,6 +281,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     _barrier()
     torch.save(rng_state(device), tmp / f"rng_rank{rank:05d}.pt")
+    if replica is not None:  # sync.mode's replicas differ: this rank's own weights and state
+        torch.save(replica, tmp / f"replica_rank{rank:05d}.pt")
     if rank == 0:
         torch.save(
             {
@@ -421,6 +424,13 @@ def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
             f"checkpoint.resume: {path} lacks optimizer state for this run "
             f"({names(want_optim - held)}); written with another train.optimizer?"
         )
+
+
+def read_replica(path: str | Path, rank: int) -> dict[str, Any] | None:
+    """This rank's own replica (sync.mode local_sgd / diloco / stale), where the writer kept
+    one for it; tensors and plain types only."""
+    file = Path(path) / f"replica_rank{rank:05d}.pt"
+    return _load_plain(file) if file.is_file() else None
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -39,6 +39,7 @@ def own_files(folder: Path, rank: int) -> list[Path]:
     """The files of a checkpoint folder that `rank` wrote: its DCP shards and random state;
     rank 0 also DCP's .metadata and train_state.pt."""
     mine = sorted(folder.glob(f"__{rank}_*.distcp")) + sorted(folder.glob(f"rng_rank{rank:05d}.pt"))
+    mine += sorted(folder.glob(f"replica_rank{rank:05d}.pt"))  # sync.mode's own replicas
     if rank == 0:
         mine += [p for p in (folder / ".metadata", folder / "train_state.pt") if p.is_file()]
     return mine

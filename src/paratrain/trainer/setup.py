@@ -24,6 +24,7 @@ from paratrain.parallel.ddp import average_buffers, bytes_per_element, unwrap
 from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
 from paratrain.parallel.slowlink import SlowLink
 from paratrain.parallel.split import apply_split, split_devices
+from paratrain.parallel.sync import LocalSGD
 from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
@@ -33,6 +34,7 @@ from paratrain.trainer.checkpoint import (
     LoopState,
     list_checkpoints,
     load_checkpoint,
+    read_replica,
     resolve_resume,
     save_checkpoint,
 )
@@ -124,6 +126,12 @@ class Run:
         self.state.samples_in_epoch = self.state.step_in_epoch * self.k * self.loader_batch
         self.state.samples_in_epoch *= self.partition
         began = time.perf_counter()
+        replica = self.replica()
+        mean = replica is not None and isinstance(self.sync, LocalSGD) and self.sync.apart()
+        if mean:
+            # DCP keeps one copy of each replicated tensor, from whichever rank its planner
+            # picks: let that copy be the replicas' mean, and each rank's own go in its file
+            self.sync.average()
         save_checkpoint(
             self.ckpt_dir,
             model=unwrap(self.model),
@@ -134,9 +142,24 @@ class Run:
             keep=self.cfg.checkpoint.keep,
             layout=self.layout,
             saves=self.saves,
+            replica=replica,
         )
+        if mean:
+            with torch.no_grad():  # back to this rank's own weights (DCP has copied the mean)
+                unwrap(self.model).load_state_dict(replica["model"])
         self.checkpoint_stats["saves"] += 1
         self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
+
+    def replica(self) -> dict | None:
+        """sync.mode local_sgd / diloco / stale: this rank's weights, optimizer and sync state,
+        which DCP's one copy of replicated tensors would lose."""
+        if self.sync is None or not self.sync.keeps_replicas:
+            return None
+        return {
+            "model": {k: v.detach().clone() for k, v in unwrap(self.model).state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "sync": self.sync.state_dict(),
+        }
 
     def finish_saves(self) -> None:
         """The end of the run: the checkpoint in flight is written and in place (collective)."""
@@ -293,6 +316,24 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     return run
 
 
+def restore_replica(run: Run, path: Path, writer: dict) -> str:
+    """sync.mode's own replica for this rank, over what DCP loaded (rank 0's copy): with the
+    same processes the run goes on bit for bit; else every rank starts from rank 0's."""
+    if run.sync is None or not run.sync.keeps_replicas:
+        return ""
+    replica = (
+        read_replica(path, run.env.rank) if writer.get("world_size") == run.env.world_size else None
+    )
+    if replica is None:
+        run.sync.load_state_dict({})  # DiLoCo: the shared weights are the loaded ones
+        return "; the replicas restart from rank 0's weights (no replica of this rank's kept)"
+    with torch.no_grad():
+        unwrap(run.model).load_state_dict(replica["model"])
+    run.optimizer.load_state_dict(replica["optimizer"])
+    run.sync.load_state_dict(replica["sync"])
+    return ""
+
+
 def restarted() -> bool:
     """This worker was started again by torchrun's agent after a failure (here or on another
     node)."""
@@ -331,11 +372,11 @@ def resume(run: Run, path: Path) -> None:
     if run.cfg.train.max_steps is None:  # epochs decide the length: count steps in this layout's
         state.step = state.epoch * run.steps_per_epoch + state.step_in_epoch
     run.state = state
-    note = ""
+    note = restore_replica(run, path, writer)
     if writer.get("world_size") != run.env.world_size or writer.get("degrees") != (
         run.dims.describe()
     ):
-        note = (
+        note += (
             f"; written by {writer.get('world_size')} processes ({writer.get('label', '?')}),"
             f" resharded to {run.dims.label()}; random streams restart"
         )
