@@ -102,6 +102,39 @@ def test_single_gpu_run_pins_memory(tmp_path):
     assert r["summary"]["peak_memory_kind"] == "cuda_max_allocated"
 
 
+def test_energy_and_phases_on_a_gpu(tmp_path):
+    """NVML's energy counter over the measured steps, and the step's phases with the GPU time
+    of the kernels each launched (together the profiled kernel time, within the profiler's
+    own bookkeeping)."""
+    out = tmp_path / "energy"
+    run_cli(
+        ["run", *GPU_RUN, "--set", "train.max_steps=30", "--set", "train.warmup_steps=5"]
+        + ["--set", "train.profile_steps=3", "--set", "train.eval=false", "--output-dir", out]
+    )
+    s = read_result(out)["summary"]
+    e = s["energy"]
+    assert e["method"] == "nvml_total_energy" and e["joules"] > 0 and e["gpus"] == 1
+    assert 5 < e["mean_power_w_per_gpu"] < 2000  # a GPU's draw, not a unit slip
+    phases = s["profile_phases"]["phases"]
+    assert phases["forward"]["gpu_ms"] > 0 and phases["backward"]["gpu_ms"] > 0
+
+
+@two_gpus
+@pytest.mark.parametrize("mode", ["stale", "diloco"])
+def test_sync_modes_over_nccl(tmp_path, mode):
+    """sync.mode over NCCL: trains (finite loss), counts its bytes, resumes from its replicas."""
+    common = [*GPU_RUN, "--set", "train.max_steps=8", "--set", "train.eval=false"]
+    common += ["--set", "strategy=ddp-ds", "--nproc", "2", "--set", f"sync.mode={mode}"]
+    common += ["--set", "sync.every_steps=3", "--set", "checkpoint.every_steps=4"]
+    run_cli(["run", *common, "--output-dir", tmp_path / "a"])
+    r = read_result(tmp_path / "a")
+    assert r["backend"] == "nccl" and r["summary"]["communication"]["bytes_sent"] > 0
+    start = tmp_path / "a" / "checkpoints" / "step_00000004"
+    assert len(list(start.glob("replica_rank*.pt"))) == 2
+    run_cli(["run", *common, "--set", f"checkpoint.resume={start}", "--output-dir", tmp_path / "b"])
+    assert read_result(tmp_path / "b")["summary"]["steps_this_run"] == 4
+
+
 @two_gpus
 def test_ddp_ds_on_two_gpus_matches_single_gpu(tmp_path):
     ddp, single = tmp_path / "ddp", tmp_path / "single"
@@ -178,7 +211,7 @@ def test_comm_on_nccl(tmp_path):
 
 
 @two_gpus
-@pytest.mark.parametrize("kind", ["bf16", "powersgd"])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "powersgd"])
 def test_compressed_all_reduce_over_nccl(tmp_path, kind):
     """ddp.gradient_compression's hooks on NCCL: close to the uncompressed run, not equal."""
     common = [*GPU_RUN, "--set", "train.max_steps=8", "--set", "train.eval=false"]

@@ -122,28 +122,33 @@ def sync_plot(groups: list[Group], path: Path, name: str) -> Path | None:
     (its seeds' median, the bar their range): where each way of agreeing sits."""
     from paratrain.bench.report import by_label, sync_point
 
+    every = {k: sync_point(v) for k, v in by_label(groups).items()}
+    # accuracy where the runs have it (images), else the held-out loss (language models)
+    key, scale, ylabel = (
+        ("acc", 100.0, "held-out accuracy, %")
+        if any(p["acc"] for p in every.values())
+        else ("loss", 1.0, "held-out loss")
+    )
     points = {
-        label: p
-        for label, p in ((k, sync_point(v)) for k, v in by_label(groups).items())
-        if p["acc"] and p["bytes"] and p["bytes"].median > 0
+        label: p for label, p in every.items() if p[key] and p["bytes"] and p["bytes"].median > 0
     }
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, p in points.items():
-        acc, b = p["acc"], p["bytes"].median
+        v, b = p[key], p["bytes"].median
         ax.errorbar(
             [b],
-            [acc.median * 100],
-            yerr=[[(acc.median - acc.low) * 100], [(acc.high - acc.median) * 100]],
+            [v.median * scale],
+            yerr=[[(v.median - v.low) * scale], [(v.high - v.median) * scale]],
             fmt="o",
             capsize=3,
             label=label,
         )
     ax.set_xscale("log")
     ax.set_xlabel("bytes sent per step per rank (log)")
-    ax.set_ylabel("held-out accuracy, %")
-    ax.set_title(f"{name}: accuracy vs communication")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{name}: {ylabel.split(',')[0]} vs communication")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

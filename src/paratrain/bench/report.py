@@ -483,9 +483,10 @@ def sync_table(groups: list[Group], reference: str | None) -> Table:
                 p["step"].fmt(1, 1000) if p["step"] else "n/a",
             ]
         )
-    if all(r[3] == "n/a" for r in rows):  # image runs keep no held-out loss
-        headers = headers[:3] + headers[4:]
-        rows = [r[:3] + r[4:] for r in rows]
+    for col in (3, 2):  # image runs keep no held-out loss, language models no accuracy
+        if all(r[col] == "n/a" for r in rows):
+            headers = headers[:col] + headers[col + 1 :]
+            rows = [r[:col] + r[col + 1 :] for r in rows]
     return Table("How often the replicas agree (seed 001 §5.3)", headers, rows, [SYNC_NOTE])
 
 

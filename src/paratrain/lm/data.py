@@ -66,6 +66,44 @@ def read_records(path: str, split: str = "train") -> list[dict]:
         ) from None
 
 
+def text_documents(source: str, path: str | None) -> list[str]:
+    """Plain text as documents: each .txt file's paragraphs (blank-line separated), or each
+    topic of the Python documentation in the standard library (pydoc_data)."""
+    if source == "python-docs":
+        from pydoc_data.topics import topics
+
+        return [topics[k] for k in sorted(topics)]
+    p = Path(path or "")
+    files = sorted(p.rglob("*.txt")) if p.is_dir() else [p] if p.is_file() else []
+    if not files:
+        raise DataError(f"data.path: {path} is no .txt file nor a folder holding any")
+    docs = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"data.path: cannot read {f} as UTF-8 ({str(e)[:120]})") from None
+        docs += [d.strip() for d in text.split("\n\n") if d.strip()]
+    if not docs:
+        raise DataError(f"data.path: {path} holds no text")
+    return docs
+
+
+def text_examples(docs: list[str], tokenizer, max_length: int):
+    """-> (input_ids, labels) rows of at most max_length tokens, every token trained: each
+    document BOS + its tokens + EOS, cut into consecutive pieces (nothing dropped)."""
+    encoded = tokenizer(docs, add_special_tokens=False)["input_ids"] if docs else []
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    out = []
+    for ids in encoded:
+        ids = [bos, *ids, eos]
+        for first in range(0, len(ids), max_length):
+            piece = ids[first : first + max_length]
+            if len(piece) > 1:  # one token predicts nothing
+                out.append((piece, list(piece)))
+    return out
+
+
 def tokenize(
     records: list[dict], fmt: str, tokenizer, *, max_length: int, truncation: bool, where: str
 ):

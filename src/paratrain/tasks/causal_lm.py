@@ -8,7 +8,13 @@ from pathlib import Path
 
 import torch
 
-from paratrain.data.loader import TEXT_FORMATS, OnDevice, loader_workers, rank_loaders
+from paratrain.data.loader import (
+    PLAIN_TEXT,
+    TEXT_FORMATS,
+    OnDevice,
+    loader_workers,
+    rank_loaders,
+)
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
@@ -93,6 +99,8 @@ def preflight(cfg, cuda: bool, dims) -> None:
     check_fp8(cfg.model.fp8, "cuda" if cuda else "cpu")
     if cfg.data.source in TEXT_FORMATS:
         lmdata.check_path(cfg.data.path)
+    if cfg.data.source == "text":  # a missing or unreadable file: one line, before any process
+        lmdata.text_documents("text", cfg.data.path)
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
@@ -120,6 +128,10 @@ def _examples(cfg, tokenizer, vocab: int, is_main: bool = True):
         return lmdata.synthetic_examples(
             SYNTHETIC_ROWS, d.max_length, min(vocab, len(tokenizer)), cfg.seed
         )
+    if d.source in PLAIN_TEXT:
+        docs = lmdata.text_documents(d.source, d.path)
+        rows = lmdata.text_examples(docs, tokenizer, d.max_length)
+        return rows[: d.limit_samples] if d.limit_samples is not None else rows
     records = lmdata.read_records(d.path, d.split)
     if d.limit_samples is not None:
         records = records[: d.limit_samples]
