@@ -200,6 +200,7 @@ RESUMED = [
     [
         ["sync.mode=diloco", "sync.every_steps=3"],  # a checkpoint between two outer steps
         ["sync.mode=stale"],  # a checkpoint with an all-reduce in flight
+        # (local_sgd saves and restores through the same LocalSGD code as DiLoCo, its subclass)
     ],
     ids=["diloco", "stale"],
 )
