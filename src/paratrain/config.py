@@ -101,10 +101,16 @@ class RunConfig:
                     f"sync.mode: {self.sync.mode} changes how DDP's replicas agree; strategy "
                     f"{self.strategy} has none that train apart (use ddp-ds or ddp-rr)"
                 )
-            if self.sync.mode == "stale" and self.precision == "fp16":
+            if self.precision == "fp16":
                 raise ValueError(
-                    "sync.mode: stale applies last step's gradients, which fp16's loss scale "
-                    "may have changed since; use bf16 or fp32"
+                    f"sync.mode: {self.sync.mode} keeps gradients off DDP's all-reduce, so each "
+                    "rank's fp16 loss scale would drift on its own (and stale-1 would apply "
+                    "gradients scaled by an older one); use bf16 or fp32"
+                )
+            if self.sync.mode == "stale" and self.ddp.gradient_compression != "none":
+                raise ValueError(
+                    "sync.mode: stale runs its own fp32 all-reduce, which "
+                    "ddp.gradient_compression does not compress; set one of them"
                 )
         if self.sync.simulated_gbps:
             if not replicating:

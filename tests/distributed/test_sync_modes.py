@@ -58,6 +58,24 @@ def run_mode(rank: int, mode: str, **kw) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params], s.sent
 
 
+def one_model_case(rank: int) -> dict:
+    """Local SGD one step apart, then an evaluation's view: the replicas' mean inside, each
+    rank's own weights after."""
+    model = nn.parallel.DistributedDataParallel(toy())
+    params = list(model.module.parameters())
+    opt = torch.optim.SGD(params, lr=LR)
+    s = sync_modes.build(sync_modes.SyncConfig(mode="local_sgd", every_steps=100), params, 4.0)
+    with model.no_sync():
+        nn.functional.mse_loss(model(rows(rank, 1)[0]), rows(rank, 1)[1]).backward()
+    opt.step()
+    s.after_optimizer(1)
+    own = torch.cat([p.detach().reshape(-1).clone() for p in params])
+    with s.one_model(model.module):
+        inside = torch.cat([p.detach().reshape(-1).clone() for p in params])
+    after = torch.cat([p.detach().reshape(-1).clone() for p in params])
+    return {"own": own, "inside": inside, "after": after, "extra": s.extra, "sent": s.sent}
+
+
 def int8_round_trip(rank: int) -> dict:
     torch.manual_seed(rank)
     model = nn.parallel.DistributedDataParallel(nn.Linear(64, 32))
@@ -114,6 +132,7 @@ def _rank(rank: int, init: str, out) -> None:
     try:
         got = {name: run_mode(rank, **kw) for name, kw in CASES.items()}
         got["int8"] = int8_round_trip(rank)
+        got["one_model"] = one_model_case(rank)
         # plain lists across the queue: a shared tensor would vanish with this process
         out.put((rank, plain(got)))
     finally:
@@ -214,9 +233,10 @@ def test_each_mode_resumes_bit_for_bit(tmp_path, mode):
     run_cli(["run", *RESUMED, *sets, "--output-dir", straight])
     comm = read_result(straight)["summary"]["communication"]
     assert comm["mode"] == mode[0].split("=")[1]
-    # the tiny CNN's 9,930 fp32 parameters per exchange. DiLoCo: the outer steps at 3 and 6,
-    # the replicas' mean for the step-4 checkpoint (DCP's one copy) and at the end
-    assert comm["bytes_sent"] == {"diloco": 4, "stale": 8}[comm["mode"]] * 9_930 * 4
+    # the tiny CNN's 9,930 fp32 parameters per exchange. DiLoCo: the outer steps at 3 and 6
+    # and the replicas' mean at the end; apart, the mean for the step-4 checkpoint (DCP's copy)
+    assert comm["bytes_sent"] == {"diloco": 3, "stale": 8}[comm["mode"]] * 9_930 * 4
+    assert comm["extra_bytes"] == {"diloco": 1, "stale": 0}[comm["mode"]] * 9_930 * 4
     assert math.isfinite(read_result(straight)["summary"]["train_loss"])
     start = straight / "checkpoints" / "step_00000004"
     assert sorted(p.name for p in start.glob("replica_rank*.pt")) == [
@@ -241,3 +261,12 @@ def test_each_mode_resumes_bit_for_bit(tmp_path, mode):
         )
         assert "the replicas restart from rank 0's weights" in p.stdout
         assert max_abs_diff(final_weights(lost), final_weights(straight)) > 1e-6
+
+
+def test_evaluations_and_checkpoints_see_the_replicas_mean(results):
+    a, b = results[0]["one_model"], results[1]["one_model"]
+    assert (a["own"] - b["own"]).abs().max() > 1e-4  # one local step apart
+    assert torch.allclose(a["inside"], (a["own"] + b["own"]) / 2, atol=1e-7)
+    assert torch.equal(a["inside"], b["inside"])
+    assert torch.equal(a["after"], a["own"]) and torch.equal(b["after"], b["own"])
+    assert a["extra"] == 12 * 4 and a["sent"] == 0  # counted apart from training's bytes

@@ -95,7 +95,18 @@ BAD = [
     ),
     (
         ["--set", "strategy=ddp-ds", "--set", "sync.mode=stale", "--set", "precision=fp16"],
-        "sync.mode: stale applies last step's gradients",
+        "sync.mode: stale keeps gradients off DDP's all-reduce",
+    ),
+    (
+        ["--set", "strategy=ddp-ds", "--set", "sync.mode=local_sgd", "--set", "precision=fp16"],
+        "sync.mode: local_sgd keeps gradients off DDP's all-reduce",
+    ),
+    (
+        [
+            *("--set", "strategy=ddp-ds", "--set", "sync.mode=stale"),
+            *("--set", "ddp.gradient_compression=int8"),
+        ],
+        "sync.mode: stale runs its own fp32 all-reduce",
     ),
     (["--set", "sync.every_steps=0"], "sync.every_steps: must be >= 1"),
     (

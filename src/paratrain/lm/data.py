@@ -95,8 +95,9 @@ def text_examples(docs: list[str], tokenizer, max_length: int):
     encoded = tokenizer(docs, add_special_tokens=False)["input_ids"] if docs else []
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     out = []
+    ends = ([bos] if bos is not None else [], [eos] if eos is not None else [])
     for ids in encoded:
-        ids = [bos, *ids, eos]
+        ids = [*ends[0], *ids, *ends[1]]  # some tokenizers (Qwen) have no BOS
         for first in range(0, len(ids), max_length):
             piece = ids[first : first + max_length]
             if len(piece) > 1:  # one token predicts nothing

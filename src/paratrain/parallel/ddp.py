@@ -115,8 +115,12 @@ def register_compression(
     if kind in hooks and (kind != "none" or link is not None):
         hook = hooks[kind]
         if link is not None:
+            import torch.distributed as dist
+
             dtype = next(model.parameters()).dtype
-            hook = link.wrap_hook(hook, bytes_per_element(kind, dtype))
+            n = dist.get_world_size(group)
+            wire = n - 1 if kind == "int8" else 2 * (n - 1) / n  # all-gather / ring all-reduce
+            hook = link.wrap_hook(hook, bytes_per_element(kind, dtype), wire)
         model.register_comm_hook(group, hook)
     elif kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(

@@ -31,15 +31,17 @@ class SlowLink:
         if left > 0:
             time.sleep(left)
 
-    def wrap_hook(self, hook, per_element: float | None):
+    def wrap_hook(self, hook, per_element: float | None, wire: float = 1.0):
         """A DDP communication hook whose future completes once the bucket's payload (its
-        elements x `per_element` bytes as sent; the bucket's own dtype when None) would have
-        crossed the link, and not before the real collective."""
+        elements x `per_element` bytes as sent; the bucket's own dtype when None) times `wire`
+        (what the collective puts on each rank's link per payload byte: 2(N-1)/N for a ring
+        all-reduce, N-1 for an all-gather) would have crossed the link, and not before the real
+        collective. CPU only: this future carries no CUDA stream order (setup refuses GPUs)."""
 
         def slow(state, bucket):
             started = time.perf_counter()
             buf = bucket.buffer()
-            size = buf.numel() * (per_element or buf.element_size())
+            size = buf.numel() * (per_element or buf.element_size()) * wire
             inner = hook(state, bucket)
             out: torch.futures.Future = torch.futures.Future()
 

@@ -16,6 +16,7 @@ step now? stale swaps in last step's averaged gradients here) and after_optimize
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -66,6 +67,13 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def ring(group) -> float:
+    """2(N-1)/N: what a ring all-reduce puts on each rank's link per byte reduced (at N = 2 the
+    payload itself)."""
+    n = dist.get_world_size(group)
+    return 2 * (n - 1) / n
+
+
 def _mean_in_place(flat: torch.Tensor, group) -> None:
     dist.all_reduce(flat, group=group)  # SUM then divide: gloo has no AVG
     flat /= dist.get_world_size(group)
@@ -83,6 +91,8 @@ class EveryStep:
             else sum(p.numel() for p in params if p.requires_grad) * per_element
         )
         self.sent: float | None = 0.0
+        # what checkpoints and evaluations exchanged to see one model (not training traffic)
+        self.extra = 0.0
 
     def grad_sync(self, step: int) -> bool:
         return True
@@ -99,6 +109,9 @@ class EveryStep:
 
     # What a checkpoint keeps per rank: None where the replicas are equal (DCP's one copy does).
     keeps_replicas = False
+
+    def one_model(self, model: nn.Module):
+        return contextlib.nullcontext()  # the replicas are equal
 
     def state_dict(self) -> dict:
         return {}
@@ -139,15 +152,35 @@ class LocalSGD(EveryStep):
         if self.averaging_step(step):
             self.average()
 
-    def average(self) -> None:
-        """Every replica's parameters become their mean (model_averaging's own helper)."""
+    def average(self, training: bool = True) -> None:
+        """Every replica's parameters become their mean (model_averaging's own helper).
+        training=False: for a checkpoint or an evaluation, counted apart from training's bytes."""
         from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
         started = time.perf_counter()
         average_parameters(iter(self.params), self.group)
-        self.hold(started, nbytes(self.params))
-        self.sent = None if self.sent is None else self.sent + nbytes(self.params)
-        self.averaged_at = getattr(self, "last_step", None)
+        size = nbytes(self.params)
+        if training:
+            self.hold(started, size * ring(self.group))
+            self.sent = None if self.sent is None else self.sent + size
+            self.averaged_at = getattr(self, "last_step", None)
+        else:
+            self.extra += size
+
+    @contextlib.contextmanager
+    def one_model(self, model: nn.Module):
+        """Inside: every rank holds the replicas' mean (what the run would return now), for an
+        evaluation or a checkpoint; after: each rank's own weights again, training unchanged."""
+        if not self.apart():
+            yield
+            return
+        own = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.average(training=False)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                model.load_state_dict(own)
 
     def apart(self) -> bool:
         """Whether the replicas may differ now: a local step since they last agreed."""
@@ -190,7 +223,7 @@ class DiLoCo(LocalSGD):
             flat = torch.cat([d.reshape(-1) for d in deltas])
             started = time.perf_counter()
             _mean_in_place(flat, self.group)
-            self.hold(started, nbytes([flat]))
+            self.hold(started, nbytes([flat]) * ring(self.group))
             self.sent = None if self.sent is None else self.sent + nbytes([flat])
             offset = 0
             for a in self.anchor:
@@ -250,7 +283,8 @@ class Stale(EveryStep):
         self.wait(previous)
         offset = 0
         for p in self.params:
-            p.grad = previous[1][offset : offset + p.numel()].view_as(p).to(p.dtype)
+            # (a checkpoint's pending gradients come back on the CPU)
+            p.grad = previous[1][offset : offset + p.numel()].view_as(p).to(p.device, p.dtype)
             offset += p.numel()
         return True
 
@@ -259,7 +293,7 @@ class Stale(EveryStep):
         if work is not None:  # None: restored from a checkpoint, already complete
             work.wait()
         if self.link is not None:
-            self.link.hold(started, nbytes([flat]))
+            self.link.hold(started, nbytes([flat]) * ring(self.group))
 
     def finish(self) -> None:
         if self.pending is not None:

@@ -17,6 +17,7 @@ import torch
 from paratrain import faults, flight, metrics
 from paratrain.distributed import process_group as pg
 from paratrain.parallel import ONE_PROCESS
+from paratrain.parallel.ddp import unwrap
 from paratrain.profiling import StepProfiler
 from paratrain.telemetry import GpuSampler, energy_counter
 from paratrain.trainer import result as results
@@ -191,7 +192,8 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
         if work.val is not None and tc.eval:
             watchdog.beat(state.step, "evaluation")
             run.sync_buffers()
-            with run.step_context():
+            # local SGD / DiLoCo: the replicas' mean is evaluated (the model the run returns)
+            with run.step_context(), run.sync.one_model(unwrap(run.model)):
                 if run.pipe is not None:
                     held = run.pipe.evaluate(
                         run.eval_model, work.val, run.policy.autocast, run.loader_batch

@@ -91,6 +91,8 @@ def build(
         **{k: v for k, v in last.items() if k.startswith("val_")},
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
+        # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
+        "trainable_parameters": sum(p.numel() for p in run.params),
         "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
@@ -189,6 +191,8 @@ def communication(run, steps: int) -> dict | None:
         "mode": run.cfg.sync.mode,
         "bytes_sent": sync.sent,
         "bytes_per_step": sync.sent / max(steps, 1),
+        # averagings for checkpoints and evaluations (local SGD / DiLoCo): not in the above
+        "extra_bytes": sync.extra,
         "compression": run.cfg.ddp.gradient_compression,
         # a simulated link's rate (sync.simulated_gbps): step times then include its delays
         "simulated_gbps": run.cfg.sync.simulated_gbps or None,

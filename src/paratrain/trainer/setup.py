@@ -24,7 +24,6 @@ from paratrain.parallel.ddp import average_buffers, bytes_per_element, unwrap
 from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
 from paratrain.parallel.slowlink import SlowLink
 from paratrain.parallel.split import apply_split, split_devices
-from paratrain.parallel.sync import LocalSGD
 from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
@@ -127,11 +126,14 @@ class Run:
         self.state.samples_in_epoch *= self.partition
         began = time.perf_counter()
         replica = self.replica()
-        mean = replica is not None and isinstance(self.sync, LocalSGD) and self.sync.apart()
-        if mean:
-            # DCP keeps one copy of each replicated tensor, from whichever rank its planner
-            # picks: let that copy be the replicas' mean, and each rank's own go in its file
-            self.sync.average()
+        # DCP keeps one copy of each replicated tensor, from whichever rank its planner picks:
+        # that copy is the replicas' mean, and each rank's own goes in its replica file
+        with self.sync.one_model(unwrap(self.model)) if self.sync else contextlib.nullcontext():
+            self._save(replica)
+        self.checkpoint_stats["saves"] += 1
+        self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
+
+    def _save(self, replica: dict | None) -> None:
         save_checkpoint(
             self.ckpt_dir,
             model=unwrap(self.model),
@@ -144,11 +146,6 @@ class Run:
             saves=self.saves,
             replica=replica,
         )
-        if mean:
-            with torch.no_grad():  # back to this rank's own weights (DCP has copied the mean)
-                unwrap(self.model).load_state_dict(replica["model"])
-        self.checkpoint_stats["saves"] += 1
-        self.checkpoint_stats["blocking_s"] += time.perf_counter() - began
 
     def replica(self) -> dict | None:
         """sync.mode local_sgd / diloco / stale: this rank's weights, optimizer and sync state,
@@ -223,6 +220,11 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         if cfg.sync.simulated_gbps and env.world_size > 1
         else None
     )
+    if link is not None and device.type == "cuda":
+        raise UserError(
+            "sync.simulated_gbps: a simulation for CPU processes (its delayed futures carry no "
+            "CUDA stream order); use device=cpu, or a real link"
+        )
     # ---- applied from outside the model, in a fixed order (parallel/apply.py)
     model, eval_model = parallelize(
         model,
