@@ -14,6 +14,35 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
 
+@pytest.fixture
+def one_rank_group():
+    """A one-process gloo group here: DDP wrappers and hooks run without launching anything."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def spawn_ranks(target, world: int, folder: Path, timeout: float = 180) -> dict:
+    """target(rank, init_method, queue) in `world` spawned processes over a file rendezvous in
+    `folder`; each puts (rank, plain values) on the queue (a shared tensor would vanish with its
+    process) -> {rank: value}. Every process must exit 0."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{folder / 'rdzv'}"
+    procs = [ctx.Process(target=target, args=(r, init, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=timeout) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return got
+
+
 def run_cli(args, *, timeout=300, env=None, module="paratrain", check=True):
     """Run `python -m paratrain ARGS` (or another module) in a subprocess; return the result."""
     full_env = dict(os.environ)

@@ -4,7 +4,7 @@ collective in trainer/result.energy on 2 gloo processes, against the one-process
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import spawn_ranks
 
 from paratrain.trainer import result as results
 
@@ -25,16 +25,7 @@ def _rank(rank: int, init: str, out) -> None:
 
 @pytest.fixture(scope="module")
 def got(tmp_path_factory):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path_factory.mktemp('energy') / 'rdzv'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    by_rank = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    by_rank = spawn_ranks(_rank, 2, tmp_path_factory.mktemp("energy"), timeout=120)
     assert by_rank[0] == by_rank[1]  # every rank holds the same figures
     return by_rank[0]
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli
 from torch import nn
 
@@ -224,13 +223,6 @@ def test_half_precision_all_reduce_is_close_not_exact(tmp_path, tiny_overrides, 
     diff = max_abs_diff(final_weights(out), single_runs[32])
     assert 1e-6 < diff < 1e-3, diff
     assert read_result(out)["config"]["ddp"]["gradient_compression"] == "fp16"
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    dist.destroy_process_group()
 
 
 def test_each_compression_hook_rounds_to_its_dtype(one_rank_group):

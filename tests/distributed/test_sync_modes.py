@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli, spawn_ranks
 from torch import nn
 
 from paratrain.parallel import sync as sync_modes
@@ -141,17 +140,8 @@ def _rank(rank: int, init: str, out) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path_factory.mktemp('sync') / 'rdzv'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    by_rank = {r: tensors(got) for r, got in (out.get(timeout=180) for _ in procs)}
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return by_rank
+    got = spawn_ranks(_rank, 2, tmp_path_factory.mktemp("sync"))
+    return {r: tensors(v) for r, v in got.items()}
 
 
 def one_process(delay: int = 0) -> list[torch.Tensor]:

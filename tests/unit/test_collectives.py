@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from paratrain import collectives as c
 from paratrain.errors import UserError
@@ -54,13 +53,6 @@ def test_expected_values_are_what_the_collective_computes(op):
         else:  # rank r receives chunk r of every rank's input, in rank order
             got = torch.cat([x.chunk(n)[r] for x in inputs])
         assert torch.equal(got, expect), (op, r)
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    dist.destroy_process_group()
 
 
 def test_measure_times_and_checks(one_rank_group, monkeypatch):

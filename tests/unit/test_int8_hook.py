@@ -3,18 +3,9 @@ gradient does not round the small ones elsewhere in the bucket to zero."""
 
 from types import SimpleNamespace
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from paratrain.parallel.ddp import INT8_CHUNK, bytes_per_element, int8_hook
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    dist.destroy_process_group()
 
 
 def test_each_chunk_keeps_its_own_scale(one_rank_group):

@@ -5,7 +5,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from paratrain.parallel.slowlink import SlowLink
@@ -20,13 +19,6 @@ def test_seconds_and_hold():
     t1 = time.perf_counter()
     link.hold(t1 - 1.0, 250_000)  # long done: no wait
     assert time.perf_counter() - t1 < 0.01
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    dist.destroy_process_group()
 
 
 def test_wrapped_hook_delays_backward_and_keeps_gradients(one_rank_group):
