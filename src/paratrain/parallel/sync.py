@@ -128,6 +128,9 @@ class LocalSGD(EveryStep):
     def __init__(self, cfg: SyncConfig, params, per_element, group=None, link=None):
         super().__init__(params, per_element, link)
         self.cfg, self.params, self.group = cfg, list(params), group
+        # the last step taken, and the last at which every replica held the same weights
+        self.last_step: int | None = None
+        self.averaged_at: int | None = None
 
     def hold(self, started: float, nbytes: float) -> None:
         if self.link is not None:
@@ -163,7 +166,7 @@ class LocalSGD(EveryStep):
         if training:
             self.hold(started, size * ring(self.group))
             self.sent = None if self.sent is None else self.sent + size
-            self.averaged_at = getattr(self, "last_step", None)
+            self.averaged_at = self.last_step
         else:
             self.extra += size
 
@@ -184,8 +187,8 @@ class LocalSGD(EveryStep):
 
     def apart(self) -> bool:
         """Whether the replicas may differ now: a local step since they last agreed."""
-        last = getattr(self, "last_step", None)
-        return last is not None and self.local(last) and getattr(self, "averaged_at", None) != last
+        last = self.last_step
+        return last is not None and self.local(last) and self.averaged_at != last
 
     def finish(self) -> None:
         """The run's end: one model, the replicas' mean."""
