@@ -147,6 +147,86 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     doctor.set_defaults(func=cmd_doctor)
 
+    plan = sub.add_parser(
+        "plan",
+        help="predict step time, throughput and memory of each strategy at N GPUs from a "
+        "calibration here",
+        description="Calibrates the recipe on one device here (a short profiled run), measures "
+        "the link where there are several devices (else --bus-gbps), and predicts DDP, FSDP, "
+        "HSDP, local SGD, tensor and pipeline parallel at each scale: step time, samples/s, "
+        "scaling efficiency, exposed communication, memory per GPU and whether it fits. "
+        "--measure runs the scales this machine has and prints each prediction beside its "
+        "measurement. Writes plan.json.",
+    )
+    plan.add_argument("recipe", help="YAML recipe")
+    plan.add_argument("--gpus", default="1,2,4,8,64", help="scales to predict (default 1,2,4,8,64)")
+    plan.add_argument(
+        "--gpus-per-node", type=int, help="GPUs of one node (default: this one's, or 8)"
+    )
+    plan.add_argument(
+        "--bus-gbps",
+        type=float,
+        help="all-reduce bus bandwidth within a node, GB/s (default: measured)",
+    )
+    plan.add_argument(
+        "--inter-node-gbps", type=float, help="all-reduce bus bandwidth across nodes, GB/s"
+    )
+    plan.add_argument(
+        "--strategies", help="only these, comma-separated: ddp, fsdp, hsdp, local_sgd, tp, pp"
+    )
+    plan.add_argument("--every", type=int, default=16, help="local SGD's steps between averagings")
+    plan.add_argument(
+        "--measure", help="also run these scales here (e.g. 1,2,4) and show the error"
+    )
+    plan.add_argument("--steps", type=int, default=20, help="measured steps per run (default 20)")
+    plan.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
+    )
+    plan.add_argument(
+        "--out", default="plan", help="where plan.json and the runs go (default plan/)"
+    )
+    plan.set_defaults(func=cmd_plan)
+
+    tune = sub.add_parser(
+        "tune",
+        help="search precision, compile, loader and memory levers for the fastest set-up here",
+        description="Coordinate descent over the levers (the recipe's own values first): each "
+        "trial a short run in its own process, stored in the results DB, so a second tune of "
+        "the same recipe resumes. A trial counts only if its loss stays within --loss-band of "
+        "the reference's (the recipe's, or --reference-precision's) over the same batches. "
+        "Prints a ranked table, writes tuned.yaml (each lever commented) and tune.json.",
+    )
+    tune.add_argument("recipe", help="YAML recipe")
+    tune.add_argument(
+        "--budget", default="20m", help="time for the whole search, e.g. 90s, 20m, 1h"
+    )
+    tune.add_argument(
+        "--steps", type=int, default=30, help="measured steps per trial after warm-up"
+    )
+    tune.add_argument("--space", help="a YAML file of levers instead of the default space")
+    tune.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="hold a lever at the recipe's value",
+    )
+    tune.add_argument("--loss-band", type=float, default=0.05, help="numerics guard (default 0.05)")
+    tune.add_argument(
+        "--reference-precision", help="the guard's reference precision (default: the recipe's)"
+    )
+    tune.add_argument(
+        "--min-gain", type=float, default=0.02, help="a change must be this much faster"
+    )
+    tune.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
+    )
+    tune.add_argument("--db", default="paratrain-results.db", help="SQLite results file")
+    tune.add_argument("--out", default="tune", help="where tuned.yaml, tune.json and the trials go")
+    tune.add_argument("--dry-run", action="store_true", help="list the levers and exit")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.set_defaults(func=cmd_tune)
+
     comm = sub.add_parser(
         "comm",
         help="time NCCL / gloo collectives over message sizes (algorithm and bus bandwidth)",
@@ -365,6 +445,133 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     doctor.print_report(found)
     print(f"paratrain doctor: {Path(args.out) / 'doctor.json'}")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from paratrain.config import load_config
+    from paratrain.plan import command
+
+    if not Path(args.recipe).is_file():
+        raise UserError(f"recipe: no such file {args.recipe}")
+    cfg = load_config(args.recipe, args.set)
+    gpus = command.parse_scales(args.gpus, "--gpus")
+    measure = command.parse_scales(args.measure, "--measure") if args.measure else None
+    for flag, value in (("--steps", args.steps), ("--every", args.every)):
+        if value < 1:
+            raise UserError(f"{flag}: must be >= 1, got {value}")
+    for flag, value in (("--bus-gbps", args.bus_gbps), ("--inter-node-gbps", args.inter_node_gbps)):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag}: must be > 0, got {value}")
+    chosen = [x.strip() for x in args.strategies.split(",")] if args.strategies else None
+    unknown = [x for x in chosen or [] if x not in command.predict.RUNS]
+    if unknown:
+        raise UserError(
+            f"--strategies: unknown {unknown[0]!r}; choose from {', '.join(command.predict.RUNS)}"
+        )
+    if measure and set(measure) - set(gpus):
+        gpus = sorted(set(gpus) | set(measure))
+    found = command.run_plan(
+        cfg,
+        command.PlanArgs(
+            gpus=gpus,
+            per_node=args.gpus_per_node,
+            bus_gbps=args.bus_gbps,
+            inter_node_gbps=args.inter_node_gbps,
+            every=args.every,
+            measure=measure,
+            steps=args.steps,
+            out=Path(args.out),
+            strategies=chosen,
+        ),
+    )
+    command.print_plan(found)
+    print(f"paratrain plan: {Path(args.out) / 'plan.json'}")
+    return 0
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '20m', '1.5h', '300' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise UserError(f"--budget: expected a time like 90s, 20m or 1h, got {text!r}") from None
+    if value <= 0:
+        raise UserError(f"--budget: must be > 0, got {text!r}")
+    return value
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import torch
+
+    from paratrain.config import load_config
+    from paratrain.tune import output, search, space
+
+    if not Path(args.recipe).is_file():
+        raise UserError(f"recipe: no such file {args.recipe}")
+    if args.space and not Path(args.space).is_file():
+        raise UserError(f"--space: no such file {args.space}")
+    budget = parse_duration(args.budget)
+    if args.steps < 1:
+        raise UserError(f"--steps: must be >= 1, got {args.steps}")
+    if args.loss_band < 0:
+        raise UserError(f"--loss-band: must be >= 0, got {args.loss_band}")
+    cfg = load_config(args.recipe, args.set)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and cfg.device != "cpu" else 0
+    levers = space.read_space(args.space, cfg) if args.space else space.default_space(cfg, gpus)
+    levers = space.keep(levers, args.keep)
+    if not levers.levers:
+        raise UserError("tune: no lever left to search (each has only the recipe's value)")
+    tune_args = search.TuneArgs(
+        budget_s=budget,
+        steps=args.steps,
+        loss_band=args.loss_band,
+        min_gain=args.min_gain,
+        reference_precision=args.reference_precision,
+        db=Path(args.db),
+        out=Path(args.out),
+        sets=list(args.set),
+        progress=not args.no_progress,
+    )
+    s = search.Search(args.recipe, cfg, levers, tune_args)
+    print(f"paratrain tune: {s.planned()} trials at most, budget {budget:,.0f} s; levers:")
+    for lever in levers.levers:
+        print(f"  {lever.key}: {', '.join(map(str, lever.values))}  ({lever.why})")
+    if args.dry_run:
+        return 0
+    found = _tune_with_progress(s, tune_args.progress)
+    written = output.write(s, found)
+    output.print_table(s, found)
+    best, base = found["best"], found["baseline"]
+    print(
+        f"paratrain tune: best {best.label}: {best.throughput:,.1f} vs {base.throughput:,.1f} "
+        f"({best.throughput / base.throughput:.2f}x); recipe {written['recipe']}, all trials "
+        f"{written['json']}"
+    )
+    return 0
+
+
+def _tune_with_progress(s, progress: bool):
+    def line(t):
+        rate = f", {t.throughput:,.1f}/s" if t.throughput else ""
+        note = f" ({t.note})" if t.note else ""
+        return f"[{t.index}] {t.label}: {t.status}{' (stored)' if t.reused else ''}{rate}{note}"
+
+    if not progress:
+        return s.search(lambda t: print(line(t), flush=True))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]tune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    ) as bar:
+        task = bar.add_task("tune", total=s.planned())
+
+        def on_trial(t):
+            bar.console.print(line(t), highlight=False)
+            bar.advance(task)
+
+        return s.search(on_trial)
 
 
 def cmd_flight(args: argparse.Namespace) -> int:

@@ -8,7 +8,18 @@ and receives over its link):
   nccl-tests' busbw factor);
 - FSDP (ZeRO-3): the parameters all-gathered in forward and again in backward, the gradients
   reduce-scattered: (N-1)/N x (2 x parameter bytes + gradient bytes) (Rajbhandari et al. 2020);
-- local SGD / DiLoCo every H steps: one all-reduce of the parameters / H.
+- local SGD / DiLoCo every H steps: one all-reduce of the parameters / H;
+- HSDP (shards within a node of G GPUs, replicas across R nodes): FSDP's volume over G on the
+  node's link, and a ring all-reduce of each GPU's gradient shard over R across nodes:
+  2(R-1)/R x gradient bytes / G (Zhang et al. 2023, PyTorch FSDP);
+- tensor parallel over t (Megatron, Shoeybi et al. 2019): per decoder layer two all-reduces of
+  the layer's activations in forward and two in backward, 4 x 2(t-1)/t x tokens x hidden x
+  activation bytes per layer per micro-batch (sequence parallelism moves the same bytes as
+  all-gathers and reduce-scatters), none of it overlapped;
+- pipeline over p stages with m micro-batches: activations between stages (ignored: one
+  tensor per micro-batch) and the bubble below.
+Across nodes (N above the GPUs of one node) a ring crosses the slower inter-node link: the bus
+bandwidth is then the inter-node one (an assumption the plan prints).
 Overlap: DDP's buckets all-reduce while the backward goes on, so only what outlasts the
 backward, plus the last bucket (it starts when the backward ends), is exposed; FSDP prefetches
 the next block's all-gather under the current block's compute (exposed: what outlasts the
@@ -36,10 +47,44 @@ class Calibration:
     optim_bytes: float = 8.0  # AdamW's two fp32 moments
     activation_bytes: float = 0.0
     largest_block_params: int = 0  # FSDP holds one block unsharded (two with prefetch)
+    other_s: float = 0.0  # the rest of the step: data, checks, the host's own time
+    trainable: int | None = None  # None: every parameter (LoRA trains a few)
+    layers: int = 0  # a causal LM's decoder layers, hidden size and tokens per micro-batch:
+    hidden: int = 0  # what tensor parallelism's collectives carry
+    tokens_per_micro: int = 0
+    micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
+    act_elem_bytes: float = 2.0  # bf16 / fp16 activations; 4 in fp32
 
     @property
     def compute_s(self) -> float:
-        return self.forward_s + self.backward_s + self.optimizer_s
+        return self.forward_s + self.backward_s + self.optimizer_s + self.other_s
+
+    @property
+    def trained(self) -> int:
+        return self.params if self.trainable is None else self.trainable
+
+    @property
+    def state_bytes(self) -> float:
+        """Weights, and gradients and optimizer moments of the trained weights."""
+        return self.params * self.param_bytes + self.trained * (self.grad_bytes + self.optim_bytes)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bus bandwidths (GB/s, as `paratrain comm` prints them) within a node and across nodes,
+    and the GPUs of one node. `measured`: ((N, GB/s), ...) all-reduces measured at local
+    scales; the bandwidth at N is then the one measured at the largest scale <= N."""
+
+    intra_gbps: float
+    inter_gbps: float | None = None
+    per_node: int = 8
+    measured: tuple[tuple[int, float], ...] = ()
+
+    def bus(self, n: int) -> float:
+        if n > self.per_node and self.inter_gbps is not None:
+            return min(self.intra_gbps, self.inter_gbps)
+        below = [g for m, g in sorted(self.measured) if m <= n]
+        return below[-1] if below else self.intra_gbps
 
 
 def ring(n: int) -> float:
@@ -54,7 +99,12 @@ def shard(n: int) -> float:
 
 def comm_bytes(strategy: str, cal: Calibration, n: int, every: int = 1) -> float:
     """Bytes each GPU moves over its link per optimizer step."""
-    params, grads = cal.params * cal.param_bytes, cal.params * cal.grad_bytes
+    params, grads = cal.params * cal.param_bytes, cal.trained * cal.grad_bytes
+    if strategy == "tp":
+        per_layer = 4 * cal.tokens_per_micro * cal.hidden * cal.act_elem_bytes
+        return ring(n) * per_layer * cal.layers * cal.micro_batches
+    if strategy == "pp":
+        return 0.0
     if strategy == "ddp":
         return ring(n) * grads
     if strategy == "fsdp":
@@ -78,7 +128,7 @@ def step_time(
     bw = bus_gbps * 1e9
     comm = comm_bytes(strategy, cal, n, every) / bw if n > 1 else 0.0
     if strategy == "ddp":
-        last = min(bucket_bytes, cal.params * cal.grad_bytes) * ring(n) / bw if n > 1 else 0.0
+        last = min(bucket_bytes, cal.trained * cal.grad_bytes) * ring(n) / bw if n > 1 else 0.0
         exposed = max(comm - cal.backward_s, 0.0) + min(last, comm)
     elif strategy == "fsdp":
         exposed = max(comm - cal.forward_s - cal.backward_s, 0.0)
@@ -96,11 +146,65 @@ def memory_per_gpu(strategy: str, cal: Calibration, n: int) -> float:
     """Bytes on each GPU: weights, gradients and optimizer state (whole, or a 1/N shard under
     FSDP plus the largest block gathered twice: the one computing and the one prefetched), and
     the activations of the per-GPU batch."""
-    state = cal.params * (cal.param_bytes + cal.grad_bytes + cal.optim_bytes)
+    state = cal.state_bytes
     if strategy == "fsdp":
         gathered = 2 * cal.largest_block_params * (cal.param_bytes + cal.grad_bytes)
         return state / n + gathered + cal.activation_bytes
     return state + cal.activation_bytes
+
+
+def model_parallel(strategy: str, cal: Calibration, n: int, bus_gbps: float, *, m: int = 4):
+    """Tensor or pipeline parallel over N GPUs, one replica: the per-GPU batch / N.
+
+    tp: forward, backward and optimizer split N ways, the layers' collectives exposed; the
+    state split N ways, the activations not (without sequence parallelism).
+    pp: each stage computes 1/N of the forward and backward, the schedule idles
+    (p-1)/(m+p-1) of its step (its compute / N x (m+p-1)/m); a stage holds 1/N of the state and
+    up to min(m, N) micro-batches (of 1/m of the batch) of its 1/N of the layers' activations.
+    The host's own time (data, checks) is not split."""
+    work = cal.forward_s + cal.backward_s
+    if strategy == "tp":
+        comm = comm_bytes("tp", cal, n) / (bus_gbps * 1e9) if n > 1 else 0.0
+        step = (work + cal.optimizer_s) / n + comm + cal.other_s
+        memory = cal.state_bytes / n + cal.activation_bytes
+        return {
+            "compute_s": step - comm,
+            "comm_s": comm,
+            "exposed_s": comm,
+            "step_s": step,
+            "memory_bytes": memory,
+        }
+    if strategy == "pp":
+        compute = work / n * (m + n - 1) / m + cal.optimizer_s / n + cal.other_s
+        memory = cal.state_bytes / n + cal.activation_bytes * min(m, n) / (m * n)
+        return {
+            "compute_s": compute,
+            "comm_s": 0.0,
+            "exposed_s": 0.0,
+            "step_s": compute,
+            "memory_bytes": memory,
+        }
+    raise ValueError(f"strategy: {strategy!r} is not tensor or pipeline parallel")
+
+
+def hsdp_step(cal: Calibration, n: int, links: Links) -> dict[str, float]:
+    """HSDP over N GPUs: shards within a node (G = min(N, per_node)), R = N / G replicas
+    across nodes. FSDP's volume over G at the node's bandwidth, the replicas' all-reduce of
+    each GPU's gradient shard over R at the inter-node one; both hidden under the forward and
+    backward as far as they fit."""
+    g = min(n, links.per_node)
+    r = max(n // g, 1)
+    inside = comm_bytes("fsdp", cal, g) / (links.intra_gbps * 1e9) if g > 1 else 0.0
+    across = ring(r) * cal.trained * cal.grad_bytes / g / (links.bus(n) * 1e9) if r > 1 else 0.0
+    comm = inside + across
+    exposed = max(comm - cal.forward_s - cal.backward_s, 0.0)
+    return {
+        "compute_s": cal.compute_s,
+        "comm_s": comm,
+        "exposed_s": exposed,
+        "step_s": cal.compute_s + exposed,
+        "memory_bytes": memory_per_gpu("fsdp", cal, g),
+    }
 
 
 def bubble(stages: int, microbatches: int) -> float:

@@ -17,6 +17,7 @@ from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
 from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
+from paratrain.parallel.ddp import unwrap
 from paratrain.telemetry import energy_summary
 
 
@@ -93,6 +94,7 @@ def build(
         "peak_memory_kind": peak_kind,
         # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
         "trainable_parameters": sum(p.numel() for p in run.params),
+        "model_state": model_state(run),  # `paratrain plan`'s calibration reads it
         "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
@@ -181,6 +183,53 @@ def precision_label(result: dict[str, Any]) -> str:
     """bf16, or bf16+fp8-rowwise when the linear layers compute in float8 (model.fp8)."""
     fp8 = result.get("fp8")
     return f"{result['precision']}+fp8-{fp8}" if fp8 else result["precision"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def model_state(run) -> dict[str, Any]:
+    """This rank's model state as it sits in memory after training: parameter, gradient and
+    optimizer-state bytes counted from the tensors themselves, the largest block (FSDP gathers
+    one at a time) and, for a causal LM, the shape tensor parallelism's collectives depend on."""
+    model = unwrap(run.eval_model)
+    params = list(model.parameters())
+    state = [
+        t
+        for s in run.optimizer.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0  # not AdamW's scalar step counters
+    ]
+    try:
+        blocks = run.work.spec.blocks(model)
+    except Exception:  # a family without blocks: FSDP then wraps the model whole
+        blocks = []
+    config = getattr(getattr(model, "base_model", model), "config", None)
+    config = getattr(getattr(config, "model", None), "config", config)  # peft wraps once more
+    return {
+        "parameters": sum(_local(p).numel() for p in params),
+        "parameter_bytes": sum(_nbytes(p) for p in params),
+        "trainable_parameters": sum(_local(p).numel() for p in run.params),
+        "gradient_bytes": sum(_nbytes(p) for p in run.params),  # a gradient per trainable weight
+        "optimizer_bytes": sum(_nbytes(t) for t in state),
+        "largest_block_parameters": max(
+            (sum(_local(p).numel() for p in b.parameters()) for b in blocks), default=0
+        ),
+        "blocks": len(blocks),
+        "hidden_size": getattr(config, "hidden_size", None),
+        "layers": getattr(config, "num_hidden_layers", None),
+        "attention_heads": getattr(config, "num_attention_heads", None),
+        "kv_heads": getattr(config, "num_key_value_heads", None),
+        "micro_batch": run.cfg.data.batch_size,
+        "sequence_length": run.cfg.data.max_length if run.cfg.task == "causal_lm" else None,
+        "micro_batches": run.k,
+    }
 
 
 def communication(run, steps: int) -> dict | None:

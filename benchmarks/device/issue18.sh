@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 18 on one GPU.
+# MODE=tune: `paratrain tune` on the seed-style MobileNetV2 recipe (500x500, batch 64 held:
+# --keep data.batch_size) within BUDGET seconds; the trials DB is seeded from .devdb/tune.db and
+# comes back as tune.db, so the next call resumes the search where this one stopped.
+# MODE=finish: the tuned recipe (.devdb/tuned.yaml) and the hand-found fastest recipe, each 60
+# steps, in this call; then `paratrain plan` of the 1B Llama shape (calibrated here, the link
+# stated: 2 GPUs' NCCL all-reduce of an earlier lease, an assumed inter-node figure).
+#   device run (kind nvidia-h200, carry .whl .commit .devdb): MODE=tune bash benchmarks/device/issue18.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" > "$OUT/versions.txt"
+MODE=${MODE:-tune}
+if [ "$MODE" = tune ]; then
+  cp .devdb/tune.db /tmp/tune.db 2>/dev/null || true
+  timeout $((${BUDGET:-540} + 60)) python3 -m paratrain tune recipes/mnist_sample_mobilenetv2.yaml \
+    --keep data.batch_size --budget "${BUDGET:-540}s" --steps 30 --set train.warmup_steps=10 \
+    --db /tmp/tune.db --out /tmp/tune --no-progress 2>&1 | tee "$OUT/tune.txt" | tail -40
+  cp /tmp/tune.db "$OUT/tune.db"
+  for f in tune.json tuned.yaml; do cp "/tmp/tune/$f" "$OUT/$f" 2>/dev/null; done
+fi
+if [ "$MODE" = finish ]; then
+  common=(--set launch.nproc=1 --set train.max_steps=60 --set train.warmup_steps=15
+          --set train.eval=false --set checkpoint.at_end=false --set log.progress=false)
+  for r in .devdb/tuned.yaml recipes/mnist_sample_mobilenetv2_fastest.yaml; do
+    name=$(basename "$r" .yaml)
+    timeout 200 python3 -m paratrain run "$r" "${common[@]}" --output-dir "/tmp/$name" 2>&1 | tail -2 \
+      | tee -a "$OUT/compare.txt"
+    cp "/tmp/$name/result.json" "$OUT/compare_$name.json" 2>/dev/null
+  done
+  timeout $((570 - SECONDS)) python3 -m paratrain plan recipes/llama3.2_1b_full_random.yaml \
+    --gpus 1,2,4,8,64 --bus-gbps 242 --inter-node-gbps 45 --measure 1 --steps 20 \
+    --strategies ddp,fsdp,hsdp,tp,pp --out /tmp/plan 2>&1 | tee "$OUT/plan.txt" | tail -40
+  cp /tmp/plan/plan.json "$OUT/plan.json" 2>/dev/null
+fi

@@ -1,0 +1,336 @@
+"""`paratrain plan RECIPE --gpus 1,2,4,8,64`: calibrate here, predict every strategy at every
+scale, and with --measure run the scales this machine has and print each prediction beside its
+measurement. Writes plan.json (the calibration, links, assumptions, rows, measurements)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from paratrain.config import RunConfig
+from paratrain.errors import UserError
+from paratrain.plan import calibrate, predict
+from paratrain.plan.model import Calibration, Links
+
+BUCKET = 25 * 2**20  # DDP's default bucket: the all-reduce size the link is measured at
+
+
+@dataclass
+class PlanArgs:
+    gpus: list[int]
+    per_node: int | None = None
+    bus_gbps: float | None = None
+    inter_node_gbps: float | None = None
+    every: int = 16
+    measure: list[int] | None = None
+    steps: int = 20
+    out: Path = Path("plan")
+    strategies: list[str] | None = None
+    """Only these (default: every one the task has)."""
+
+
+def parse_scales(text: str, flag: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise UserError(f"{flag}: expected numbers like 1,2,4,8, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise UserError(f"{flag}: expected numbers >= 1, got {text!r}")
+    return values
+
+
+def _on_cpu(cfg: RunConfig) -> bool:
+    import torch
+
+    return cfg.device == "cpu" or not torch.cuda.is_available()
+
+
+def _host_memory() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Plan:
+    """One plan's measurements, made once each and kept (plan.json records them)."""
+
+    def __init__(self, cfg: RunConfig, args: PlanArgs):
+        from paratrain.launch import cores
+
+        self.cfg, self.args = cfg, args
+        self.cpu = _on_cpu(cfg)
+        self.cores = cores()
+        import torch
+
+        # the devices of this machine: its GPUs, or on the CPU as many processes as its
+        # cores (at least 4); a larger scale spans machines like this one
+        self.local = max(4, self.cores) if self.cpu else torch.cuda.device_count()
+        self.per_node = args.per_node or (self.local if self.local > 1 else 8)
+        over = [n for n in args.measure or [] if n > self.local]
+        if over:
+            raise UserError(
+                f"--measure: this machine runs at most {self.local} "
+                f"{'processes' if self.cpu else 'GPUs'}, got {over[0]}"
+            )
+        self.calibrations: dict[int, dict] = {}  # threads (0 on GPUs) -> result.json
+        self.buses: dict[int, float] = {}
+
+    def threads(self, n: int) -> int | None:
+        """CPU threads per process at N local processes, as `paratrain run` gives them."""
+        if not self.cpu:
+            return None
+        return self.cfg.launch.cpu_threads or max(1, self.cores // max(n, 1))
+
+    def result(self, n: int, wrapper: str = "single") -> dict:
+        """The calibration at the threads a process gets at N local processes, under the
+        wrapper the strategy trains with (FSDP's per-block hooks cost time even on one
+        device; DDP on one process is the plain step)."""
+        threads = self.threads(min(n, self.per_node))
+        key = (threads or 0, wrapper)
+        if key not in self.calibrations:
+            what = f", {threads} thread{'s' if threads != 1 else ''} per process" if threads else ""
+            print(
+                f"plan: calibrating one device ({wrapper}{what}): {self.args.steps} steps",
+                flush=True,
+            )
+            self.calibrations[key] = calibrate.measure_step(
+                self.cfg,
+                self.args.out / f"calibration_{wrapper}_{key[0]}",
+                steps=self.args.steps,
+                threads=threads,
+                wrapper=wrapper,
+            )
+        return self.calibrations[key]
+
+    def cal_at(self, n: int, strategy: str = "ddp") -> Calibration:
+        wrapper = "fsdp" if strategy in ("fsdp", "hsdp") else "single"
+        cal = calibrate.from_result(self.result(n, wrapper))
+        if self.cpu:  # processes beyond the cores share them
+            local = min(n, self.per_node)
+            cal = predict.scaled(cal, max(1.0, local * self.threads(local) / self.cores))
+        return cal
+
+    def links(self) -> Links:
+        a = self.args
+        if a.bus_gbps:
+            return Links(a.bus_gbps, a.inter_node_gbps, self.per_node)
+        wide = [n for n in a.gpus if 1 < n <= min(self.per_node, max(self.local, 1))]
+        if not wide and any(n > 1 for n in a.gpus):
+            raise UserError(
+                "plan: one GPU here, no link to measure: give --bus-gbps (the bus bandwidth "
+                "`paratrain comm` prints on the target machine) and, across nodes, "
+                "--inter-node-gbps"
+            )
+        grads = calibrate.from_result(self.result(1))
+        size = int(min(BUCKET, grads.trained * grads.grad_bytes))
+        for n in wide:
+            if n not in self.buses:
+                print(f"plan: all-reduce of {size / 2**20:,.1f} MiB on {n} processes", flush=True)
+                self.buses[n] = calibrate.measure_bus(
+                    n, size, "cpu" if self.cpu else "cuda", a.out / f"comm_{n}"
+                )
+        top = self.buses[max(self.buses)]
+        return Links(top, a.inter_node_gbps, self.per_node, tuple(sorted(self.buses.items())))
+
+    def memory_limit(self, n: int) -> float | None:
+        if self.cpu:  # the processes of one machine share its memory
+            return _host_memory() / min(n, self.per_node)
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+
+
+def samples_per_step(cfg: RunConfig) -> int:
+    return cfg.data.batch_size * cfg.train.grad_accum_steps
+
+
+def measured_runs(plan: Plan, rows: list[dict]) -> list[dict]:
+    """Each planned row at a scale in --measure, run for real with the calibration's settings."""
+    a = plan.args
+    out = []
+    todo = [r for r in rows if r["gpus"] in (a.measure or []) and r["fits"]]
+    for i, r in enumerate(todo, 1):
+        n, strategy = r["gpus"], r["plan_strategy"]
+        settings = [*predict.RUNS[strategy], f"launch.nproc={n}"]
+        if strategy == "local_sgd":
+            settings.append(f"sync.every_steps={a.every}")
+        if strategy == "pp":
+            settings.append(f"pipeline.microbatches={predict_micro(plan.cfg)}")
+        print(f"plan: [{i}/{len(todo)}] measuring {r['strategy']} on {n}", flush=True)
+        try:
+            result = calibrate.measure_step(
+                plan.cfg,
+                a.out / f"measured_{r['strategy'].replace('/', '_')}_{n}",
+                steps=a.steps,
+                threads=plan.threads(n),
+                run_as=settings,
+            )
+        except UserError as e:
+            out.append({"strategy": r["strategy"], "gpus": n, "error": str(e)})
+            continue
+        s = result["summary"]
+        out.append(
+            {
+                "strategy": r["strategy"],
+                "gpus": n,
+                "step_s": s["step_time_s"],
+                "samples_per_s": s["unique_samples_per_s"],
+                "memory_bytes": s["peak_memory_bytes"],
+                "step_error": r["step_s"] / s["step_time_s"] - 1,
+                "memory_error": r["memory_bytes"] / s["peak_memory_bytes"] - 1,
+            }
+        )
+    return out
+
+
+def predict_micro(cfg: RunConfig) -> int:
+    return cfg.pipeline.microbatches
+
+
+def assumptions(plan: Plan, links: Links) -> list[str]:
+    lines = [
+        "per-GPU batch fixed for the data-parallel strategies (N replicas); tensor and pipeline "
+        "parallel train one replica over N GPUs",
+        f"link: {describe_links(plan, links)}",
+        "DDP: buckets all-reduce under the backward, the last bucket exposed; FSDP: the "
+        "all-gathers and reduce-scatters hidden under forward + backward as far as they fit",
+        f"local SGD averages the weights every {plan.args.every} steps (it learns differently)",
+        "tensor parallel: 4 all-reduces of a layer's activations per layer and micro-batch, "
+        "none hidden; activations not split (no sequence parallelism)",
+        f"pipeline: the bubble (p-1)/(m+p-1) at m={predict_micro(plan.cfg)} micro-batches; "
+        "transfers between stages ignored",
+    ]
+    if plan.cpu:
+        lines.append(
+            f"CPU: N processes share this machine's {plan.cores} cores; calibrated at the "
+            "threads `paratrain run` gives each, times slower where they outnumber the cores; "
+            "memory is each process's peak resident set"
+        )
+    return lines
+
+
+def describe_links(plan: Plan, links: Links) -> str:
+    if links.measured:
+        inside = ", ".join(f"{g:.2f} GB/s at {n}" for n, g in links.measured)
+        inside = f"measured all-reduce bus bandwidth {inside}"
+    else:
+        inside = f"{links.intra_gbps:g} GB/s within a node (stated)"
+    across = (
+        f"; {links.inter_gbps:g} GB/s across nodes (stated)"
+        if links.inter_gbps
+        else "; across nodes as within (no --inter-node-gbps)"
+    )
+    return f"{inside}{across}; {links.per_node} GPUs per node"
+
+
+def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
+    plan = Plan(cfg, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cal = calibrate.from_result(plan.result(1))
+    links = plan.links() if any(n > 1 for n in args.gpus) else Links(0.0, None, plan.per_node)
+    state = plan.result(1)["summary"]["model_state"]
+    strategies = predict.strategies_for(cfg.task, state.get("blocks") or 0, args.every)
+    if args.strategies:
+        unknown = [x for x in args.strategies if x not in strategies]
+        if unknown:
+            raise UserError(
+                f"--strategies: {unknown[0]} is not planned for this recipe; choose from "
+                + ", ".join(strategies)
+            )
+        strategies = [x for x in strategies if x in args.strategies]
+    rows = predict.plan_rows(
+        plan.cal_at,
+        args.gpus,
+        links,
+        strategies,
+        samples_per_step=samples_per_step(cfg),
+        memory_limit=plan.memory_limit,
+        every=args.every,
+        pp_micro=predict_micro(cfg),
+        limits=state,
+    )
+    found = {
+        "recipe": cfg.name,
+        "device": "cpu" if plan.cpu else "cuda",
+        "calibration": asdict(cal),
+        "calibration_step_s": plan.result(1)["summary"]["step_time_s"],
+        "calibrations": {
+            f"{wrapper} x{threads or 1} threads": r["summary"]["step_time_s"]
+            for (threads, wrapper), r in plan.calibrations.items()
+        },
+        "links": {"description": describe_links(plan, links), "measured": plan.buses},
+        "assumptions": assumptions(plan, links),
+        "rows": rows,
+        "advice": predict.advice(rows, links),
+    }
+    if args.measure:
+        found["measured"] = measured_runs(plan, rows)
+    (args.out / "plan.json").write_text(json.dumps(found, indent=1, default=str) + "\n")
+    return found
+
+
+def print_plan(found: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)  # a log file or a pipe: the whole table, not cut to 80
+    cal = found["calibration"]
+    console.print(
+        f"[bold]paratrain plan[/] {found['recipe']} on {found['device']}: one device's step "
+        f"{found['calibration_step_s'] * 1000:,.1f} ms (forward {cal['forward_s'] * 1000:,.1f}, "
+        f"backward {cal['backward_s'] * 1000:,.1f}, optimizer {cal['optimizer_s'] * 1000:,.1f}, "
+        f"other {cal['other_s'] * 1000:,.1f}), {cal['params']:,} parameters "
+        f"({cal['trainable'] or cal['params']:,} trained)"
+    )
+    measured = {(m["strategy"], m["gpus"]): m for m in found.get("measured", [])}
+    table = Table()
+    columns = [
+        "strategy",
+        "GPUs",
+        "step ms",
+        "samples/s",
+        "scaling",
+        "comm ms",
+        "exposed",
+        "memory/GPU",
+    ]
+    if measured:
+        columns += ["measured ms", "error", "measured memory"]
+    for col in columns:
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in found["rows"]:
+        cells = [
+            r["strategy"],
+            str(r["gpus"]),
+            f"{r['step_s'] * 1000:,.1f}",
+            f"{r['samples_per_s']:,.1f}",
+            f"{r['scaling_efficiency']:.0%}",
+            f"{r['comm_s'] * 1000:,.1f}",
+            f"{r['exposed_share']:.0%}",
+            f"{r['memory_bytes'] / 2**20:,.0f} MiB" + ("" if r["fits"] else " (no fit)"),
+        ]
+        if measured:
+            m = measured.get((r["strategy"], r["gpus"]))
+            if m and "error" not in m:
+                cells += [
+                    f"{m['step_s'] * 1000:,.1f}",
+                    f"{m['step_error']:+.1%}",
+                    f"{m['memory_bytes'] / 2**20:,.0f} MiB",
+                ]
+            else:
+                cells += ["failed" if m else "", "", ""]
+        table.add_row(*cells)
+    console.print(table)
+    for line in found["assumptions"]:
+        console.print(f"  assumes: {line}", highlight=False)
+    for line in found["advice"]:
+        console.print(f"  {line}", highlight=False)
+    errors = [abs(m["step_error"]) for m in measured.values() if "step_error" in m]
+    if errors:
+        console.print(
+            f"  prediction error over {len(errors)} measured rows: mean {sum(errors) / len(errors):.1%}, "
+            f"worst {max(errors):.1%}",
+            highlight=False,
+        )

@@ -1,0 +1,194 @@
+"""From calibrations and links to the plan's rows and its advice: pure functions over the
+formulas of plan/model.py (tested on recorded numbers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from paratrain.plan.model import (
+    Calibration,
+    Links,
+    hsdp_step,
+    memory_per_gpu,
+    model_parallel,
+    step_time,
+)
+
+# each planned strategy -> the `paratrain run` settings that measure it
+RUNS = {
+    "ddp": ["strategy=ddp-ds"],
+    "fsdp": ["strategy=fsdp"],
+    "hsdp": ["strategy=auto", "parallel.dp_replicate=-1"],  # dp_shard set per scale
+    "local_sgd": ["strategy=ddp-ds", "sync.mode=local_sgd"],
+    "tp": ["strategy=tp"],
+    "pp": ["strategy=pipeline"],
+}
+
+
+def strategies_for(task: str, blocks: int, every: int) -> list[str]:
+    """The strategies a plan covers for this task: the data-parallel ones always; tensor and
+    pipeline parallel where the model family has them (the causal LM's spec; a vision model's
+    chain of blocks is cut for a pipeline too)."""
+    out = ["ddp", "fsdp", "hsdp", "local_sgd"]
+    if task == "causal_lm":
+        out.append("tp")
+    if task in ("causal_lm", "image_classification") and blocks > 1:
+        out.append("pp")
+    return out
+
+
+def scaled(cal: Calibration, factor: float) -> Calibration:
+    """The calibration's times x factor: CPU processes beyond the cores share them."""
+    if factor == 1.0:
+        return cal
+    from dataclasses import replace
+
+    return replace(
+        cal,
+        forward_s=cal.forward_s * factor,
+        backward_s=cal.backward_s * factor,
+        optimizer_s=cal.optimizer_s * factor,
+        other_s=cal.other_s * factor,
+    )
+
+
+def row(
+    strategy: str,
+    cal: Calibration,
+    n: int,
+    links: Links,
+    *,
+    samples_per_step: int,
+    memory_limit: float | None,
+    every: int,
+    pp_micro: int,
+    per_node: int,
+) -> dict | None:
+    """One strategy at N devices -> step time, throughput (the DP family: N replicas of the
+    per-device batch; TP and PP: one replica over N), communication, memory, fit; None where it
+    does not apply (HSDP within one node, TP across nodes, PP beyond the model's blocks)."""
+    if strategy == "hsdp":
+        if n <= per_node or n % per_node:
+            return None
+        t = hsdp_step(cal, n, links)
+        memory = t.pop("memory_bytes")
+        samples = samples_per_step * n
+    elif strategy in ("tp", "pp"):
+        if n < 2 or (strategy == "tp" and n > per_node):
+            return None
+        t = model_parallel(strategy, cal, n, links.bus(n), m=pp_micro)
+        memory = t.pop("memory_bytes")
+        samples = samples_per_step
+    else:
+        if strategy == "local_sgd" and n < 2:
+            return None
+        t = step_time(strategy, cal, n, links.bus(n), every=every)
+        memory = memory_per_gpu("fsdp" if strategy == "fsdp" else "ddp", cal, n)
+        samples = samples_per_step * n
+    return {
+        "strategy": strategy if strategy != "local_sgd" else f"local_sgd/{every}",
+        "plan_strategy": strategy,
+        "gpus": n,
+        **t,
+        "exposed_share": t["exposed_s"] / t["step_s"] if t["step_s"] else 0.0,
+        "samples_per_s": samples / t["step_s"],
+        "memory_bytes": memory,
+        "fits": memory_limit is None or memory <= memory_limit,
+        "memory_limit": memory_limit,
+        "bus_gbps": links.bus(n) if n > 1 else None,
+    }
+
+
+def divides(strategy: str, n: int, limits: dict | None) -> bool:
+    """Whether the model can be cut N ways: tensor parallel over heads that N divides (and
+    key-value heads), a pipeline of at most one stage per block."""
+    limits = limits or {}
+    if strategy == "tp":
+        return all(
+            not h or h % n == 0 for h in (limits.get("attention_heads"), limits.get("kv_heads"))
+        )
+    if strategy == "pp":
+        blocks = limits.get("layers") or limits.get("blocks") or 0
+        return n <= blocks
+    return True
+
+
+def plan_rows(
+    cal_at: Callable[[int, str], Calibration],
+    gpus: list[int],
+    links: Links,
+    strategies: list[str],
+    *,
+    samples_per_step: int,
+    memory_limit: Callable[[int], float | None],
+    every: int = 16,
+    pp_micro: int = 4,
+    limits: dict | None = None,
+) -> list[dict]:
+    """Every strategy at every scale; scaling efficiency against one device's throughput."""
+    single = samples_per_step / cal_at(1, "ddp").compute_s
+    rows = []
+    for strategy in strategies:
+        for n in gpus:
+            if n > 1 and not divides(strategy, n, limits):
+                continue
+            r = row(
+                strategy,
+                cal_at(n, strategy),
+                n,
+                links,
+                samples_per_step=samples_per_step,
+                memory_limit=memory_limit(n),
+                every=every,
+                pp_micro=pp_micro,
+                per_node=links.per_node,
+            )
+            if r is not None:
+                r["scaling_efficiency"] = r["samples_per_s"] / (n * single)
+                rows.append(r)
+    return rows
+
+
+def advice(rows: list[dict], links: Links) -> list[str]:
+    """Where a strategy stops fitting, where communication starts to dominate, which is
+    fastest at each scale."""
+    lines = []
+    by = {}
+    for r in rows:
+        by.setdefault(r["strategy"], []).append(r)
+    for name, rs in by.items():
+        rs.sort(key=lambda r: r["gpus"])
+        misfit = [r for r in rs if not r["fits"]]
+        if misfit:
+            first = misfit[0]
+            lines.append(
+                f"{name} does not fit at {_gpus(first['gpus'])}: {first['memory_bytes'] / 2**30:,.1f} "
+                f"GiB per GPU of {first['memory_limit'] / 2**30:,.1f}"
+            )
+        heavy = [r for r in rs if r["exposed_share"] >= 0.2]
+        if heavy and name == "ddp":
+            r = heavy[0]
+            over = f"{r['bus_gbps']:g} GB/s"
+            fix = (
+                "HSDP or local SGD" if r["gpus"] > links.per_node else "FSDP's overlap or local SGD"
+            )
+            lines.append(
+                f"DDP exposes {r['exposed_share']:.0%} communication at {_gpus(r['gpus'])} over "
+                f"{over}; {fix}"
+            )
+    for n in sorted({r["gpus"] for r in rows}):
+        # local SGD learns differently: the fastest of the exact strategies
+        fitting = [
+            r for r in rows if r["gpus"] == n and r["fits"] and r["plan_strategy"] != "local_sgd"
+        ]
+        if fitting:
+            best = max(fitting, key=lambda r: r["samples_per_s"])
+            lines.append(
+                f"fastest at {_gpus(n)}: {best['strategy']} "
+                f"({best['samples_per_s']:,.1f} samples/s, {best['scaling_efficiency']:.0%} of linear)"
+            )
+    return lines
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"

@@ -1,0 +1,201 @@
+"""`paratrain tune`'s search space: levers, each a config key (or a few keys set together) and
+its values, in the order the search tries them (the ones that usually matter most first).
+
+The default space is built from the recipe and the machine: GPU-only levers (resize on the GPU,
+side-stream prefetch, CUDA graphs, fp8) only with a GPU, model-family levers only where the
+family has them, the strategy and process count only with several devices. A space file
+replaces it:
+
+```yaml
+levers:
+  - {key: precision, values: [fp32, bf16]}
+  - {key: compile, values: [off, default, reduce-overhead]}   # a named lever, see COMPOUND
+  - {key: data.batch_size, values: [32, 64]}
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from paratrain.config import RunConfig, read_yaml
+from paratrain.errors import ConfigError
+
+# levers that set several keys at once: value -> overrides
+COMPOUND: dict[str, dict[Any, list[str]]] = {
+    "compile": {
+        "off": ["train.compile=false"],
+        "default": ["train.compile=true", "train.compile_mode=default"],
+        "reduce-overhead": ["train.compile=true", "train.compile_mode=reduce-overhead"],
+        "max-autotune-no-cudagraphs": [
+            "train.compile=true",
+            "train.compile_mode=max-autotune-no-cudagraphs",
+        ],
+    },
+    # DDP without its per-step gradient copies, bookkeeping and BatchNorm buffer broadcast (the
+    # statistics are averaged before evaluations and checkpoints instead)
+    "ddp_lean": {
+        "off": [],
+        "on": [
+            "ddp.gradient_as_bucket_view=true",
+            "ddp.static_graph=true",
+            "ddp.broadcast_buffers=false",
+        ],
+    },
+}
+
+
+@dataclass
+class Lever:
+    key: str
+    values: list[Any]
+    why: str = ""
+    """One line: what the lever does (the tuned recipe's comment)."""
+
+    def overrides(self, value: Any) -> list[str]:
+        if self.key in COMPOUND:
+            return list(COMPOUND[self.key][value])
+        return [f"{self.key}={_scalar(value)}"]
+
+
+@dataclass
+class Space:
+    levers: list[Lever] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [lever.key for lever in self.levers]
+
+
+def _scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def current(cfg: RunConfig, key: str) -> Any:
+    """The recipe's value of a lever."""
+    if key == "compile":
+        return cfg.train.compile_mode if cfg.train.compile else "off"
+    if key == "ddp_lean":
+        d = cfg.ddp
+        lean = d.gradient_as_bucket_view and d.static_graph and not d.broadcast_buffers
+        return "on" if lean else "off"
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _lever(cfg: RunConfig, key: str, values: list[Any], why: str) -> Lever | None:
+    """A lever whose values start with the recipe's own (the baseline), duplicates dropped;
+    None when it leaves a single value."""
+    here = current(cfg, key)
+    ordered = [here]
+    for v in values:
+        if v not in ordered:
+            ordered.append(v)
+    return Lever(key, ordered, why) if len(ordered) > 1 else None
+
+
+def default_space(cfg: RunConfig, gpus: int) -> Space:
+    """The levers worth trying for this recipe on this machine (`gpus`: 0 on the CPU)."""
+    on_gpu = gpus > 0 and cfg.device != "cpu"
+    image = cfg.task == "image_classification"
+    lm = cfg.task == "causal_lm"
+    candidates: list[tuple[str, list[Any], str]] = []
+    if image and on_gpu:
+        candidates.append(("data.resize_on", ["gpu"], "resize on the GPU: small images cross PCIe"))
+    if on_gpu:
+        candidates.append(
+            ("data.prefetch_to_device", [True], "copy the next batch on a side stream")
+        )
+        candidates.append(("precision", ["bf16", "fp16"], "autocast precision"))
+    else:
+        candidates.append(("precision", ["fp32", "bf16"], "autocast precision"))
+    if image:
+        candidates.append(("train.channels_last", [True], "NHWC tensors for convolutions"))
+    if on_gpu:
+        candidates.append(
+            (
+                "compile",
+                ["default", "reduce-overhead"],
+                "torch.compile; reduce-overhead adds CUDA graphs",
+            )
+        )
+        if image and cfg.model.name == "mobilenet_v2":
+            candidates.append(
+                (
+                    "model.depthwise_conv",
+                    ["shift-add"],
+                    "depthwise convolutions as compiled shift-adds",
+                )
+            )
+        if image:
+            candidates.append(("train.cudnn_benchmark", [True], "cuDNN picks its fastest kernels"))
+    else:
+        candidates.append(("compile", ["default"], "torch.compile"))
+    if lm and on_gpu:
+        candidates.append(
+            ("model.fp8", ["rowwise", "tensorwise"], "float8 linear layers (torchao)")
+        )
+        candidates.append(("model.kernels", ["liger"], "Liger's fused kernels"))
+    if lm:
+        candidates.append(
+            ("train.activation_checkpointing", [True], "recompute activations: less memory")
+        )
+    ddp = cfg.strategy.startswith("ddp")
+    if ddp and on_gpu:
+        candidates.append(("ddp_lean", ["on"], "DDP without per-step copies and buffer broadcast"))
+    if gpus > 1:
+        candidates.append(("strategy", ["ddp-ds", "fsdp"], "how the GPUs share the work"))
+        candidates.append(("ddp.gradient_compression", ["bf16"], "all-reduce gradients in bf16"))
+    elif ddp and on_gpu:
+        candidates.append(("strategy", ["single"], "one GPU: no DDP wrapper at all"))
+    candidates.append(
+        ("data.batch_size", [cfg.data.batch_size * 2], "per-GPU batch (changes what is learned)")
+    )
+    if image:
+        workers = cfg.data.num_workers
+        candidates.append(
+            ("data.num_workers", [max(2, workers * 2), 0 if workers else 2], "loader processes")
+        )
+    levers = [lv for k, v, why in candidates if (lv := _lever(cfg, k, v, why)) is not None]
+    return Space(levers)
+
+
+def read_space(path: str, cfg: RunConfig) -> Space:
+    spec = read_yaml(path)
+    items = spec.get("levers") if isinstance(spec, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{path}: expected levers: [{{key: ..., values: [...]}}, ...]")
+    levers = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"key", "values", "why"} or "key" not in item:
+            raise ConfigError(f"{path}: levers[{i}]: expected {{key, values, why}}, got {item!r}")
+        key, values = str(item["key"]), item.get("values")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: levers[{i}].values: expected a list, got {values!r}")
+        if key in COMPOUND:  # YAML reads a bare off / on as false / true
+            on = "default" if key == "compile" else "on"
+            values = [{False: "off", True: on}.get(v, v) for v in values]
+        if key in COMPOUND and set(values) - set(COMPOUND[key]):
+            raise ConfigError(
+                f"{path}: levers[{i}]: {key} takes {', '.join(COMPOUND[key])}, got {values}"
+            )
+        lever = _lever(cfg, key, values, str(item.get("why", "")))
+        if lever:
+            levers.append(lever)
+    return Space(levers)
+
+
+def keep(space: Space, keys: list[str]) -> Space:
+    """--keep KEY: hold these levers at the recipe's value (not searched)."""
+    unknown = [k for k in keys if k not in space.names()]
+    if unknown:
+        raise ConfigError(
+            f"--keep: {unknown[0]} is not a lever of this search; levers: {', '.join(space.names())}"
+        )
+    return Space([lv for lv in space.levers if lv.key not in keys])

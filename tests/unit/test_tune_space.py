@@ -1,0 +1,98 @@
+"""tune's space, guard and written recipe, without running trials."""
+
+import pytest
+
+from paratrain.config import load_config
+from paratrain.errors import ConfigError
+from paratrain.tune import output, space
+from paratrain.tune.search import Search, Trial, TuneArgs, guard_loss, trial_overrides
+
+
+def test_default_space_follows_recipe_and_machine():
+    cfg = load_config("recipes/mnist_sample_mobilenetv2.yaml")
+    gpu = {lv.key: lv.values for lv in space.default_space(cfg, gpus=1).levers}
+    # the recipe's own value first (the baseline), GPU-only levers present
+    assert gpu["data.resize_on"] == ["cpu", "gpu"]
+    assert gpu["precision"] == ["fp16", "bf16"]
+    assert gpu["compile"] == ["off", "default", "reduce-overhead"]
+    assert gpu["model.depthwise_conv"] == ["native", "shift-add"]
+    assert "strategy" not in gpu  # one GPU: nothing to choose
+    cpu = {lv.key: lv.values for lv in space.default_space(cfg, gpus=0).levers}
+    assert "data.resize_on" not in cpu and "model.depthwise_conv" not in cpu
+    assert cpu["precision"] == ["fp16", "fp32", "bf16"]
+    two = {lv.key for lv in space.default_space(cfg, gpus=2).levers}
+    assert {"strategy", "ddp.gradient_compression"} <= two
+    lm = load_config("recipes/tiny_llama_python_docs_cpu.yaml")
+    assert "train.activation_checkpointing" in space.default_space(lm, 0).names()
+    # the fastest recipe already holds most levers: only what differs is left
+    fast = load_config("recipes/mnist_sample_mobilenetv2_fastest.yaml")
+    left = space.default_space(fast, gpus=1).names()
+    assert "data.resize_on" not in left and space.current(fast, "compile") == "reduce-overhead"
+
+
+def test_space_file_and_keep(tmp_path):
+    cfg = load_config("recipes/tiny_cpu.yaml")
+    f = tmp_path / "space.yaml"
+    f.write_text(
+        "levers:\n  - {key: data.batch_size, values: [8, 32]}\n  - {key: compile, values: [off, default]}\n"
+    )
+    s = space.read_space(str(f), cfg)
+    assert s.levers[0].values == [32, 8]  # the recipe's 32 first
+    assert s.levers[1].overrides("default") == ["train.compile=true", "train.compile_mode=default"]
+    with pytest.raises(ConfigError, match="not a lever"):
+        space.keep(s, ["precision"])
+    assert space.keep(s, ["compile"]).names() == ["data.batch_size"]
+    f.write_text("levers:\n  - {key: compile, values: [fast]}\n")
+    with pytest.raises(ConfigError, match="compile takes off"):
+        space.read_space(str(f), cfg)
+
+
+def test_trial_settings_and_guard():
+    cfg = load_config("recipes/tiny_cpu.yaml")
+    s = space.Space([space.Lever("precision", ["fp32", "bf16"])])
+    o = trial_overrides(s, {"precision": "bf16"}, steps=30, warmup=5)
+    assert "precision=bf16" in o and "train.max_steps=35" in o and "train.eval=false" in o
+    load_config("recipes/tiny_cpu.yaml", o)  # every setting a real key
+    assert guard_loss([[5, 2.0], [10, 1.0], [15, 0.5], [20, 0.3]]) == pytest.approx(0.4)
+    assert guard_loss([]) is None
+    search = Search("recipes/tiny_cpu.yaml", cfg, s, TuneArgs(loss_band=0.05))
+    ref = Trial(1, {"precision": "fp32"}, {}, status="ok", throughput=1.0, loss=1.0)
+    search.reference = ref
+    ok = Trial(2, {"precision": "bf16"}, {"precision": "bf16"}, status="ok", loss=1.04)
+    bad = Trial(3, {"precision": "bf16"}, {"precision": "bf16"}, status="ok", loss=1.2)
+    nan = Trial(4, {"precision": "bf16"}, {"precision": "bf16"}, status="ok", loss=float("nan"))
+    for t in (ok, bad, nan):
+        search._guard(t)
+    assert ok.status == "ok" and ok.loss_vs_reference == pytest.approx(0.04)
+    assert bad.status == "numerics" and "+20.0%" in bad.note
+    assert nan.status == "numerics"
+
+
+def test_tuned_recipe_reads_back(tmp_path):
+    cfg = load_config("recipes/mnist_sample_mobilenetv2.yaml")
+    levers = space.default_space(cfg, gpus=1)
+    search = Search("recipes/mnist_sample_mobilenetv2.yaml", cfg, levers, TuneArgs(out=tmp_path))
+    base = {lv.key: lv.values[0] for lv in levers.levers}
+    baseline = Trial(1, base, {}, status="ok", throughput=600.0)
+    best = Trial(
+        5,
+        {**base, "compile": "reduce-overhead", "precision": "bf16"},
+        {"compile": "reduce-overhead", "precision": "bf16"},
+        status="ok",
+        throughput=1800.0,
+    )
+    search.trials = [baseline, best]
+    search.reference = baseline
+    text = output.tuned_recipe(search, best, baseline, "samples/s")
+    assert "3.00x" in text and "# tune: autocast precision; bf16 (recipe: fp16)" in text
+    path = tmp_path / "tuned.yaml"
+    path.write_text(text)
+    tuned = load_config(path)
+    assert (
+        tuned.precision == "bf16"
+        and tuned.train.compile
+        and tuned.train.compile_mode == "reduce-overhead"
+    )
+    assert tuned.model.name == "mobilenet_v2" and tuned.data.image_size == 500
+    ranked = output.ranked([Trial(3, {}, {}, status="numerics", throughput=5e3), best, baseline])
+    assert [t.index for t in ranked] == [5, 1, 3]
