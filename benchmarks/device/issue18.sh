@@ -3,8 +3,8 @@
 # MODE=tune: `paratrain tune` on the seed-style MobileNetV2 recipe (500x500, batch 64 held:
 # --keep data.batch_size) within BUDGET seconds; the trials DB is seeded from .devdb/tune.db and
 # comes back as tune.db, so the next call resumes the search where this one stopped.
-# MODE=finish: the tuned recipe (.devdb/tuned.yaml) and the hand-found fastest recipe, each 60
-# steps, in this call; then `paratrain plan` of the 1B Llama shape (calibrated here, the link
+# COMPARE=1 (after MODE=tune) or MODE=finish: the tuned recipe (this call's, or .devdb/tuned.yaml)
+# and the hand-found fastest recipe, each 60 steps, in this call. MODE=finish then runs `paratrain plan` of the 1B Llama shape (calibrated here, the link
 # stated: 2 GPUs' NCCL all-reduce of an earlier lease, an assumed inter-node figure).
 #   device run (kind nvidia-h200, carry .whl .commit .devdb): MODE=tune bash benchmarks/device/issue18.sh
 set -uo pipefail
@@ -22,17 +22,20 @@ if [ "$MODE" = tune ]; then
   cp /tmp/tune.db "$OUT/tune.db"
   for f in tune.json tuned.yaml; do cp "/tmp/tune/$f" "$OUT/$f" 2>/dev/null; done
 fi
-if [ "$MODE" = finish ]; then
+if [ "$MODE" = finish ] || [ "${COMPARE:-0}" = 1 ]; then  # COMPARE=1: after MODE=tune, its tuned.yaml
+  tuned=.devdb/tuned.yaml; [ "${COMPARE:-0}" = 1 ] && tuned=/tmp/tune/tuned.yaml
   common=(--set launch.nproc=1 --set train.max_steps=60 --set train.warmup_steps=15
           --set train.eval=false --set checkpoint.at_end=false --set log.progress=false)
-  for r in .devdb/tuned.yaml recipes/mnist_sample_mobilenetv2_fastest.yaml; do
+  for r in "$tuned" recipes/mnist_sample_mobilenetv2_fastest.yaml; do
     name=$(basename "$r" .yaml)
     timeout 200 python3 -m paratrain run "$r" "${common[@]}" --output-dir "/tmp/$name" 2>&1 | tail -2 \
       | tee -a "$OUT/compare.txt"
     cp "/tmp/$name/result.json" "$OUT/compare_$name.json" 2>/dev/null
   done
+fi
+if [ "$MODE" = finish ]; then
   timeout $((570 - SECONDS)) python3 -m paratrain plan recipes/llama3.2_1b_full_random.yaml \
     --gpus 1,2,4,8,64 --bus-gbps 242 --inter-node-gbps 45 --measure 1 --steps 20 \
-    --strategies ddp,fsdp,hsdp,tp,pp --out /tmp/plan 2>&1 | tee "$OUT/plan.txt" | tail -40
+    --strategies ddp,fsdp,hsdp,tp,pp --set train.compile=false --out /tmp/plan 2>&1 | tee "$OUT/plan.txt" | tail -40
   cp /tmp/plan/plan.json "$OUT/plan.json" 2>/dev/null
 fi

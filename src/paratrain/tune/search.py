@@ -35,6 +35,7 @@ class TuneArgs:
     min_gain: float = 0.02
     reference_precision: str | None = None
     trial_timeout_s: float = 900
+    max_passes: int = 3
     db: Path = Path("paratrain-results.db")
     out: Path = Path("tune")
     sets: list[str] = field(default_factory=list)
@@ -222,6 +223,12 @@ class Search:
             )
         return None
 
+    def _known(self, choice: dict[str, Any]) -> Trial | None:
+        """A trial of this search with the same choice (a later pass asks again)."""
+        return next(
+            (t for t in self.trials if t.choice == choice and t.status not in ("budget",)), None
+        )
+
     def best(self) -> Trial | None:
         usable = [t for t in self.trials if t.usable]
         return max(usable, key=lambda t: t.throughput) if usable else None
@@ -238,6 +245,7 @@ class Search:
         return [f"precision={p}"]
 
     def planned(self) -> int:
+        """Trials of the first pass (a later pass adds those a changed set-up makes new)."""
         extra = self._reference_extra() is not None
         return 1 + extra + sum(len(lv.values) - 1 for lv in self.space.levers)
 
@@ -262,17 +270,26 @@ class Search:
                 "fix it with `paratrain run` first"
             )
         best = baseline
-        for lever in self.space.levers:
-            tried = [best]
-            for value in lever.values[1:]:
-                trial = self.run({**best.choice, lever.key: value})
-                tried.append(trial)
-                _notify(on_trial, trial)
-            winner = max((t for t in tried if t.usable), key=lambda t: t.throughput)
-            if winner is not best and winner.throughput > best.throughput * (
-                1 + self.args.min_gain
-            ):
-                best = winner
+        # passes until one changes nothing: a lever that did not pay alone (resizing on the
+        # GPU while the model's compute bounds the step) may pay once others moved the bottleneck
+        for _ in range(self.args.max_passes):
+            before = best
+            for lever in self.space.levers:
+                tried = [best]
+                for value in lever.values:
+                    if value == best.choice[lever.key]:
+                        continue
+                    known = self._known({**best.choice, lever.key: value})
+                    trial = known or self.run({**best.choice, lever.key: value})
+                    tried.append(trial)
+                    if known is None:
+                        _notify(on_trial, trial)
+                winner = max((t for t in tried if t.usable), key=lambda t: t.throughput)
+                gain = 1 + self.args.min_gain
+                if winner is not best and winner.throughput > best.throughput * gain:
+                    best = winner
+            if best is before or any(t.status == "budget" for t in self.trials):
+                break
         return {"best": best, "baseline": baseline, "reference": self.reference}
 
 

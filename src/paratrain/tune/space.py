@@ -159,9 +159,9 @@ def default_space(cfg: RunConfig, gpus: int) -> Space:
     )
     if image:
         workers = cfg.data.num_workers
-        candidates.append(
-            ("data.num_workers", [max(2, workers * 2), 0 if workers else 2], "loader processes")
-        )
+        # on a GPU the step outruns loader processes: more of them, never none
+        fewer = [] if on_gpu else [0 if workers else 2]
+        candidates.append(("data.num_workers", [max(2, workers * 2), *fewer], "loader processes"))
     levers = [lv for k, v, why in candidates if (lv := _lever(cfg, k, v, why)) is not None]
     return Space(levers)
 
