@@ -16,7 +16,8 @@ def test_default_space_follows_recipe_and_machine():
     assert gpu["precision"] == ["fp16", "bf16"]
     assert gpu["compile"] == ["off", "default", "reduce-overhead"]
     assert gpu["model.depthwise_conv"] == ["native", "shift-add"]
-    assert "strategy" not in gpu  # one GPU: nothing to choose
+    assert gpu["strategy"] == ["ddp-ds", "single"]  # one GPU: DDP, or no wrapper at all
+    assert gpu["ddp_lean"] == ["off", "on"]
     cpu = {lv.key: lv.values for lv in space.default_space(cfg, gpus=0).levers}
     assert "data.resize_on" not in cpu and "model.depthwise_conv" not in cpu
     assert cpu["precision"] == ["fp16", "fp32", "bf16"]
