@@ -33,7 +33,7 @@ if [ "$MODE" = finish ] || [ "${COMPARE:-0}" = 1 ]; then  # COMPARE=1: after MOD
     cp "/tmp/$name/result.json" "$OUT/compare_$name.json" 2>/dev/null
   done
 fi
-if [ "$MODE" = finish ]; then
+if [ "$MODE" = finish ] || [ "$MODE" = plan ]; then  # MODE=plan: the plan alone
   timeout $((570 - SECONDS)) python3 -m paratrain plan recipes/llama3.2_1b_full_random.yaml \
     --gpus 1,2,4,8,64 --bus-gbps 242 --inter-node-gbps 45 --measure 1 --steps 20 \
     --strategies ddp,fsdp,hsdp,tp,pp --set train.compile=false --out /tmp/plan 2>&1 | tee "$OUT/plan.txt" | tail -40

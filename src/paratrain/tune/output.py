@@ -59,8 +59,8 @@ def tuned_recipe(search: Search, best: Trial, baseline: Trial, unit: str) -> str
             k, v = parse_override(item)
             set_dotted(raw, k, v)
             why = f"{lever.why}; " if lever and lever.why else ""
-            shown = f"{key}={value}" if key in COMPOUND else f"{value}"
-            comments[k] = f"tune: {why}{shown} (recipe: {was})"
+            shown = f"{key}={value}" if key in COMPOUND else _scalar(value)
+            comments[k] = f"tune: {why}{shown} (recipe: {_scalar(was)})"
     header = [
         f"# Found by `paratrain tune {search.recipe}`: {best.throughput:,.1f} {unit} against the "
         f"recipe's {baseline.throughput:,.1f} ({best.throughput / baseline.throughput:.2f}x), "

@@ -156,8 +156,10 @@ class Search:
                 trial.status, trial.note = "failed", "another tune of this recipe is running it"
                 return trial
             try:
-                timeout = min(self.args.trial_timeout_s, max(self.left_s(), 60.0))
-                row = execute_run(spec, self.args.out / "trials" / spec.key, timeout)
+                # a trial that starts gets its whole time limit: the budget decides what starts
+                row = execute_run(
+                    spec, self.args.out / "trials" / spec.key, self.args.trial_timeout_s
+                )
                 self.store.put(row)
             finally:
                 self.store.release(spec.key)
