@@ -111,8 +111,8 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     predicted DDP step at 2 beside a measured one, its error worked out."""
     calls = []
 
-    def fake_step(cfg, out, *, steps, threads=None, run_as=None, wrapper="single"):
-        calls.append((wrapper, threads, tuple(run_as or ())))
+    def fake_step(cfg, out, *, steps, threads=None, run_as=None, wrapper="single", copies=1):
+        calls.append((wrapper, threads, copies, steps, tuple(run_as or ())))
         result = copy.deepcopy(RESULT)
         result["summary"]["profile_phases"]["phases"] = {
             k: {"cpu_ms": v["gpu_ms"]}
@@ -135,7 +135,8 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     assert rows[("ddp", 2)]["step_s"] == pytest.approx(0.1 + 0.34 + 25 * 2**20 / 1e9)
     (measured,) = found["measured"]
     assert measured["step_error"] == pytest.approx(rows[("ddp", 2)]["step_s"] / 0.125 - 1)
-    assert ("single", 2, ()) in calls and ("single", 1, ()) in calls
+    # one process alone at 2 threads; two copies at once at 1 thread each, over ~10 s of steps
+    assert ("single", 2, 1, 20, ()) in calls and ("single", 1, 2, 100, ()) in calls
     assert json.loads((tmp_path / "plan.json").read_text())["rows"]
     # 8 processes on a 2-core machine that runs 4 (a "node"): the across-nodes assumption printed
     assert any("across nodes as within" in x for x in found["assumptions"])

@@ -50,24 +50,31 @@ def calibration_config(
     return from_dict(RunConfig, raw)
 
 
-def _run(cmd: list[str], log: Path, threads: int | None, timeout_s: float) -> int:
-    """Run a command to its log; at the timeout its whole process group is killed (torchrun's
-    workers too, not only the agent)."""
-    import signal
-
+def _start(cmd: list[str], log: Path, threads: int | None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     with open(log, "w") as f:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return -9
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    """The exit code; at the timeout the whole process group is killed (torchrun's workers
+    too, not only the agent)."""
+    import signal
+
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return -9
+
+
+def _run(cmd: list[str], log: Path, threads: int | None, timeout_s: float) -> int:
+    return _wait(_start(cmd, log, threads), timeout_s)
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -83,31 +90,39 @@ def measure_step(
     threads: int | None = None,
     run_as: list[str] | None = None,
     wrapper: str = "single",
+    copies: int = 1,
     timeout_s: float = 900,
 ) -> dict:
     """Run the calibration (or with `run_as`, a measured run of a strategy); -> its
-    result.json."""
+    result.json. `copies` > 1: that many identical calibrations at once (CPU processes that
+    will share this machine's cores, caches and memory bandwidth measured sharing them); the
+    step time is their mean, the rest copy 0's."""
     out.mkdir(parents=True, exist_ok=True)
     cal_cfg = calibration_config(cfg, steps, threads, run_as, wrapper)
     (out / "config.yaml").write_text(to_yaml(cal_cfg))
-    cmd = [
-        sys.executable,
-        "-m",
-        "paratrain",
-        "run",
-        str(out / "config.yaml"),
-        "--output-dir",
-        str(out),
-    ]
-    code = _run(cmd, out / "log.txt", threads, timeout_s)
-    result = out / "result.json"
-    if code != 0 or not result.is_file():
-        what = "the calibration run" if run_as is None else f"the run {' '.join(run_as)}"
-        raise UserError(
-            f"plan: {what} failed (exit {code}); its log {out / 'log.txt'}: "
-            + _tail(out / "log.txt")
-        )
-    return json.loads(result.read_text())
+    folders = [out] + [out / f"copy_{i}" for i in range(1, copies)]
+    procs = []
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "paratrain", "run", str(out / "config.yaml")]
+        procs.append(_start([*cmd, "--output-dir", str(folder)], folder / "log.txt", threads))
+    codes = [_wait(proc, timeout_s) for proc in procs]
+    results = []
+    for code, folder in zip(codes, folders, strict=True):
+        result = folder / "result.json"
+        if code != 0 or not result.is_file():
+            what = "the calibration run" if run_as is None else f"the run {' '.join(run_as)}"
+            raise UserError(
+                f"plan: {what} failed (exit {code}); its log {folder / 'log.txt'}: "
+                + _tail(folder / "log.txt")
+            )
+        results.append(json.loads(result.read_text()))
+    first = results[0]
+    if copies > 1:
+        times = [r["summary"]["step_time_s"] for r in results]
+        first["summary"]["alone_or_copies_step_s"] = times
+        first["summary"]["step_time_s"] = sum(times) / len(times)
+    return first
 
 
 def from_result(result: dict) -> Calibration:

@@ -84,31 +84,36 @@ class Plan:
     def result(self, n: int, wrapper: str = "single") -> dict:
         """The calibration at the threads a process gets at N local processes, under the
         wrapper the strategy trains with (FSDP's per-block hooks cost time even on one
-        device; DDP on one process is the plain step)."""
-        threads = self.threads(min(n, self.per_node))
-        key = (threads or 0, wrapper)
+        device; DDP on one process is the plain step). On the CPU, N local processes are
+        calibrated as N copies running at once: what sharing the machine costs is measured,
+        over a window long enough (about 10 s) for the copies to overlap."""
+        local = min(n, self.per_node)
+        threads = self.threads(local)
+        copies = local if self.cpu else 1
+        key = (threads or 0, wrapper, copies)
         if key not in self.calibrations:
+            steps = self.args.steps
+            if copies > 1:  # the copies start a second or so apart: overlap most of the window
+                alone = self.result(1, wrapper)["summary"]["step_time_s"]
+                steps = min(max(steps, int(10.0 / max(alone, 1e-3))), 10 * steps)
             what = f", {threads} thread{'s' if threads != 1 else ''} per process" if threads else ""
+            also = f", {copies} copies at once" if copies > 1 else ""
             print(
-                f"plan: calibrating one device ({wrapper}{what}): {self.args.steps} steps",
-                flush=True,
+                f"plan: calibrating one device ({wrapper}{what}{also}): {steps} steps", flush=True
             )
             self.calibrations[key] = calibrate.measure_step(
                 self.cfg,
-                self.args.out / f"calibration_{wrapper}_{key[0]}",
-                steps=self.args.steps,
+                self.args.out / f"calibration_{wrapper}_{key[0]}x{copies}",
+                steps=steps,
                 threads=threads,
                 wrapper=wrapper,
+                copies=copies,
             )
         return self.calibrations[key]
 
     def cal_at(self, n: int, strategy: str = "ddp") -> Calibration:
         wrapper = "fsdp" if strategy in ("fsdp", "hsdp") else "single"
-        cal = calibrate.from_result(self.result(n, wrapper))
-        if self.cpu:  # processes beyond the cores share them
-            local = min(n, self.per_node)
-            cal = predict.scaled(cal, max(1.0, local * self.threads(local) / self.cores))
-        return cal
+        return calibrate.from_result(self.result(n, wrapper))
 
     def links(self) -> Links:
         a = self.args
@@ -202,9 +207,9 @@ def assumptions(plan: Plan, links: Links) -> list[str]:
     ]
     if plan.cpu:
         lines.append(
-            f"CPU: N processes share this machine's {plan.cores} cores; calibrated at the "
-            "threads `paratrain run` gives each, times slower where they outnumber the cores; "
-            "memory is each process's peak resident set"
+            f"CPU: N processes share this machine's {plan.cores} cores; calibrated as N copies "
+            "running at once, each with the threads `paratrain run` gives it; memory is each "
+            "process's peak resident set"
         )
     return lines
 
@@ -255,8 +260,8 @@ def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
         "calibration": asdict(cal),
         "calibration_step_s": plan.result(1)["summary"]["step_time_s"],
         "calibrations": {
-            f"{wrapper} x{threads or 1} threads": r["summary"]["step_time_s"]
-            for (threads, wrapper), r in plan.calibrations.items()
+            f"{wrapper}, {threads or 1} threads, {copies} at once": r["summary"]["step_time_s"]
+            for (threads, wrapper, copies), r in plan.calibrations.items()
         },
         "links": {"description": describe_links(plan, links), "measured": plan.buses},
         "assumptions": assumptions(plan, links),
