@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--steps", type=int, default=20, help="measured steps per run (default 20)")
     plan.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="CPU: seconds the calibration's copies run together (default 10)",
+    )
+    plan.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
     )
     plan.add_argument(
@@ -459,7 +465,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for flag, value in (("--steps", args.steps), ("--every", args.every)):
         if value < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")
-    for flag, value in (("--bus-gbps", args.bus_gbps), ("--inter-node-gbps", args.inter_node_gbps)):
+    for flag, value in (
+        ("--bus-gbps", args.bus_gbps),
+        ("--inter-node-gbps", args.inter_node_gbps),
+        ("--window", args.window),
+    ):
         if value is not None and value <= 0:
             raise UserError(f"{flag}: must be > 0, got {value}")
     chosen = [x.strip() for x in args.strategies.split(",")] if args.strategies else None
@@ -482,6 +492,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             steps=args.steps,
             out=Path(args.out),
             strategies=chosen,
+            window_s=args.window,
         ),
     )
     command.print_plan(found)

@@ -42,6 +42,13 @@ def peak_memory_bytes(device: torch.device, split: dict | None = None) -> tuple[
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_peak_rss"
 
 
+def memory_capacity_bytes(cuda: bool) -> float:
+    """What one device holds: GPU 0's memory, or on the CPU the machine's RAM."""
+    if cuda:
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def git_commit() -> str | None:
     # A declared commit wins: a copied working tree (a lent GPU machine) can carry a .git that
     # lags behind the code actually run.

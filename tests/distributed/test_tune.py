@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from paratrain.cli import main
 from paratrain.config import load_config
 
 pytestmark = pytest.mark.dist
@@ -54,10 +55,14 @@ def test_tune_finds_the_planted_best_and_resumes(tmp_path):
     assert second["best"] == found["best"]
 
 
-def test_tune_refuses_bad_input_once(tmp_path):
+def test_tune_refuses_bad_input_once(tmp_path, capsys):
     (tmp_path / "space.yaml").write_text("levers: []\n")
-    bad = tune(tmp_path, "--budget", "soon")
-    assert bad.returncode == 2 and bad.stderr.count("error") == 1 and "--budget" in bad.stderr
-    bad = tune(tmp_path)
-    assert bad.returncode == 2 and "expected levers" in bad.stderr
+    base = ["tune", "recipes/tiny_cpu.yaml", "--out", str(tmp_path / "tune")]
+    cases = ((["--budget", "soon"], "--budget"), (["--space", str(tmp_path / "space.yaml")],
+             "expected levers"), (["--keep", "precision", "--space", str(tmp_path / "none.yaml")],
+             "--space"))  # fmt: skip
+    for args, says in cases:
+        assert main([*base, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error") == 1 and says in err and "Traceback" not in err
     assert not (tmp_path / "tune").exists()

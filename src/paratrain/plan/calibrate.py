@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from paratrain.bench.execute import _tail
 from paratrain.config import RunConfig, from_dict, parse_override, set_dotted, to_yaml
 from paratrain.errors import UserError
 from paratrain.plan.model import Calibration
@@ -77,9 +78,8 @@ def _run(cmd: list[str], log: Path, threads: int | None, timeout_s: float) -> in
     return _wait(_start(cmd, log, threads), timeout_s)
 
 
-def _tail(path: Path, lines: int = 5) -> str:
-    text = path.read_text().strip().splitlines() if path.is_file() else []
-    return " | ".join(text[-lines:])
+def _log_tail(path: Path) -> str:
+    return " | ".join(_tail(path.read_text() if path.is_file() else "", 5).splitlines())
 
 
 def measure_step(
@@ -114,7 +114,7 @@ def measure_step(
             what = "the calibration run" if run_as is None else f"the run {' '.join(run_as)}"
             raise UserError(
                 f"plan: {what} failed (exit {code}); its log {folder / 'log.txt'}: "
-                + _tail(folder / "log.txt")
+                + _log_tail(folder / "log.txt")
             )
         results.append(json.loads(result.read_text()))
     first = results[0]
@@ -203,7 +203,7 @@ def measure_bus(n: int, nbytes: int, device: str, out: Path, timeout_s: float = 
     if code != 0 or not result.is_file():
         raise UserError(
             f"plan: measuring the all-reduce on {n} processes failed (exit {code}): "
-            + _tail(out / "log.txt")
+            + _log_tail(out / "log.txt")
         )
     rows = json.loads(result.read_text())["rows"]
     return float(rows[-1]["busbw_gbps"])

@@ -5,12 +5,12 @@ measurement. Writes plan.json (the calibration, links, assumptions, rows, measur
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from paratrain.config import RunConfig
 from paratrain.errors import UserError
+from paratrain.metrics import memory_capacity_bytes
 from paratrain.plan import calibrate, predict
 from paratrain.plan.model import Calibration, Links
 
@@ -29,6 +29,8 @@ class PlanArgs:
     out: Path = Path("plan")
     strategies: list[str] | None = None
     """Only these (default: every one the task has)."""
+    window_s: float = 10.0
+    """CPU: how long the copies of a shared-machine calibration run together."""
 
 
 def parse_scales(text: str, flag: str) -> list[int]:
@@ -45,10 +47,6 @@ def _on_cpu(cfg: RunConfig) -> bool:
     import torch
 
     return cfg.device == "cpu" or not torch.cuda.is_available()
-
-
-def _host_memory() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Plan:
@@ -86,7 +84,7 @@ class Plan:
         wrapper the strategy trains with (FSDP's per-block hooks cost time even on one
         device; DDP on one process is the plain step). On the CPU, N local processes are
         calibrated as N copies running at once: what sharing the machine costs is measured,
-        over a window long enough (about 10 s) for the copies to overlap."""
+        over a window long enough (--window, 10 s) for the copies to overlap."""
         local = min(n, self.per_node)
         threads = self.threads(local)
         copies = local if self.cpu else 1
@@ -95,7 +93,8 @@ class Plan:
             steps = self.args.steps
             if copies > 1:  # the copies start a second or so apart: overlap most of the window
                 alone = self.result(1, wrapper)["summary"]["step_time_s"]
-                steps = min(max(steps, int(10.0 / max(alone, 1e-3))), 10 * steps)
+                window = self.args.window_s
+                steps = min(max(steps, int(window / max(alone, 1e-3))), 10 * steps)
             what = f", {threads} thread{'s' if threads != 1 else ''} per process" if threads else ""
             also = f", {copies} copies at once" if copies > 1 else ""
             print(
@@ -139,10 +138,8 @@ class Plan:
 
     def memory_limit(self, n: int) -> float | None:
         if self.cpu:  # the processes of one machine share its memory
-            return _host_memory() / min(n, self.per_node)
-        import torch
-
-        return float(torch.cuda.get_device_properties(0).total_memory)
+            return memory_capacity_bytes(False) / min(n, self.per_node)
+        return memory_capacity_bytes(True)
 
 
 def samples_per_step(cfg: RunConfig) -> int:

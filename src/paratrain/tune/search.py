@@ -24,6 +24,7 @@ from paratrain.bench.store import Row, Store
 from paratrain.bench.sweep import RunSpec
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import ConfigError, UserError
+from paratrain.metrics import memory_capacity_bytes
 from paratrain.tune.space import Lever, Space
 
 
@@ -300,14 +301,10 @@ def _notify(callback, trial: Trial) -> None:
         callback(trial)
 
 
-def device_memory(config: RunConfig) -> float | None:
-    import os
-
+def device_memory(config: RunConfig) -> float:
     import torch
 
-    if config.device != "cpu" and torch.cuda.is_available():
-        return float(torch.cuda.get_device_properties(0).total_memory)
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return memory_capacity_bytes(config.device != "cpu" and torch.cuda.is_available())
 
 
 def lever_of(space: Space, key: str) -> Lever:

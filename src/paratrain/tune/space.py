@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from paratrain.bench.sweep import _yaml_scalar
 from paratrain.config import RunConfig, read_yaml
 from paratrain.errors import ConfigError
 
@@ -56,7 +57,7 @@ class Lever:
     def overrides(self, value: Any) -> list[str]:
         if self.key in COMPOUND:
             return list(COMPOUND[self.key][value])
-        return [f"{self.key}={_scalar(value)}"]
+        return [f"{self.key}={_yaml_scalar(value)}"]
 
 
 @dataclass
@@ -65,14 +66,6 @@ class Space:
 
     def names(self) -> list[str]:
         return [lever.key for lever in self.levers]
-
-
-def _scalar(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 def current(cfg: RunConfig, key: str) -> Any:
