@@ -157,7 +157,7 @@ def measured_runs(plan: Plan, rows: list[dict]) -> list[dict]:
         if strategy == "local_sgd":
             settings.append(f"sync.every_steps={a.every}")
         if strategy == "pp":
-            settings.append(f"pipeline.microbatches={predict_micro(plan.cfg)}")
+            settings.append(f"pipeline.microbatches={plan.cfg.pipeline.microbatches}")
         print(f"plan: [{i}/{len(todo)}] measuring {r['strategy']} on {n}", flush=True)
         try:
             result = calibrate.measure_step(
@@ -185,10 +185,6 @@ def measured_runs(plan: Plan, rows: list[dict]) -> list[dict]:
     return out
 
 
-def predict_micro(cfg: RunConfig) -> int:
-    return cfg.pipeline.microbatches
-
-
 def assumptions(plan: Plan, links: Links) -> list[str]:
     lines = [
         "per-GPU batch fixed for the data-parallel strategies (N replicas); tensor and pipeline "
@@ -199,7 +195,7 @@ def assumptions(plan: Plan, links: Links) -> list[str]:
         f"local SGD averages the weights every {plan.args.every} steps (it learns differently)",
         "tensor parallel: 4 all-reduces of a layer's activations per layer and micro-batch, "
         "none hidden; activations not split (no sequence parallelism)",
-        f"pipeline: the bubble (p-1)/(m+p-1) at m={predict_micro(plan.cfg)} micro-batches; "
+        f"pipeline: the bubble (p-1)/(m+p-1) at m={plan.cfg.pipeline.microbatches} micro-batches; "
         "transfers between stages ignored",
     ]
     if plan.cpu:
@@ -248,7 +244,7 @@ def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
         samples_per_step=samples_per_step(cfg),
         memory_limit=plan.memory_limit,
         every=args.every,
-        pp_micro=predict_micro(cfg),
+        pp_micro=cfg.pipeline.microbatches,
         limits=state,
     )
     found = {

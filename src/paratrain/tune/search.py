@@ -25,7 +25,7 @@ from paratrain.bench.sweep import RunSpec
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import ConfigError, UserError
 from paratrain.metrics import memory_capacity_bytes
-from paratrain.tune.space import Lever, Space
+from paratrain.tune.space import Space
 
 
 @dataclass
@@ -305,7 +305,3 @@ def device_memory(config: RunConfig) -> float:
     import torch
 
     return memory_capacity_bytes(config.device != "cpu" and torch.cuda.is_available())
-
-
-def lever_of(space: Space, key: str) -> Lever:
-    return next(lv for lv in space.levers if lv.key == key)
