@@ -142,6 +142,18 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     assert any("across nodes as within" in x for x in found["assumptions"])
 
 
+def test_scales_beyond_this_machine_measure_all_of_it(tmp_path, monkeypatch):
+    buses = []
+    monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
+    monkeypatch.setattr(calibrate, "measure_bus", lambda n, *a: buses.append(n) or 1.0)
+    monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
+    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    cfg = load_config("recipes/tiny_cpu.yaml")
+    found = command.run_plan(cfg, command.PlanArgs(gpus=[1, 64], strategies=["ddp"], out=tmp_path))
+    assert buses == [4]  # this machine's 4 processes (a "node"), not 64
+    assert {r["gpus"] for r in found["rows"]} == {1, 64}
+
+
 def test_one_gpu_needs_a_stated_link(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: False)

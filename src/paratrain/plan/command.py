@@ -118,8 +118,11 @@ class Plan:
         a = self.args
         if a.bus_gbps:
             return Links(a.bus_gbps, a.inter_node_gbps, self.per_node)
-        wide = [n for n in a.gpus if 1 < n <= min(self.per_node, max(self.local, 1))]
-        if not wide and any(n > 1 for n in a.gpus):
+        here = min(self.per_node, max(self.local, 1))
+        wide = [n for n in a.gpus if 1 < n <= here]
+        if not wide and here > 1:  # only scales beyond this machine: measure all of it
+            wide = [here]
+        if not wide:
             raise UserError(
                 "plan: one GPU here, no link to measure: give --bus-gbps (the bus bandwidth "
                 "`paratrain comm` prints on the target machine) and, across nodes, "
