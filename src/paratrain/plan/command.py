@@ -53,13 +53,13 @@ class Plan:
     """One plan's measurements, made once each and kept (plan.json records them)."""
 
     def __init__(self, cfg: RunConfig, args: PlanArgs):
+        import torch
+
         from paratrain.launch import cores
 
         self.cfg, self.args = cfg, args
         self.cpu = _on_cpu(cfg)
         self.cores = cores()
-        import torch
-
         # the devices of this machine: its GPUs, or on the CPU as many processes as its
         # cores (at least 4); a larger scale spans machines like this one
         self.local = max(4, self.cores) if self.cpu else torch.cuda.device_count()
@@ -70,7 +70,8 @@ class Plan:
                 f"--measure: this machine runs at most {self.local} "
                 f"{'processes' if self.cpu else 'GPUs'}, got {over[0]}"
             )
-        self.calibrations: dict[int, dict] = {}  # threads (0 on GPUs) -> result.json
+        # (threads (0 on GPUs), wrapper, copies at once) -> the calibration's result.json
+        self.calibrations: dict[tuple[int, str, int], dict] = {}
         self.buses: dict[int, float] = {}
 
     def threads(self, n: int) -> int | None:
@@ -159,8 +160,8 @@ def measured_runs(plan: Plan, rows: list[dict]) -> list[dict]:
         settings = [*predict.RUNS[strategy], f"launch.nproc={n}"]
         if strategy == "local_sgd":
             settings.append(f"sync.every_steps={a.every}")
-        if strategy == "pp":
-            settings.append(f"pipeline.microbatches={plan.cfg.pipeline.microbatches}")
+        if strategy == "hsdp":  # shards within a node, one replica per node
+            settings.append(f"parallel.dp_replicate={n // plan.per_node}")
         print(f"plan: [{i}/{len(todo)}] measuring {r['strategy']} on {n}", flush=True)
         try:
             result = calibrate.measure_step(

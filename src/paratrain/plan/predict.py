@@ -18,7 +18,7 @@ from paratrain.plan.model import (
 RUNS = {
     "ddp": ["strategy=ddp-ds"],
     "fsdp": ["strategy=fsdp"],
-    "hsdp": ["strategy=auto", "parallel.dp_replicate=-1"],  # dp_shard set per scale
+    "hsdp": ["strategy=fsdp"],  # parallel.dp_replicate: the nodes, set per scale
     "local_sgd": ["strategy=ddp-ds", "sync.mode=local_sgd"],
     "tp": ["strategy=tp"],
     "pp": ["strategy=pipeline"],
