@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
     )
+    tune.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=900,
+        metavar="S",
+        help="seconds one trial may take before it is stopped and stored as timeout (900)",
+    )
     tune.add_argument("--db", default="paratrain-results.db", help="SQLite results file")
     tune.add_argument("--out", default="tune", help="where tuned.yaml, tune.json and the trials go")
     tune.add_argument("--dry-run", action="store_true", help="list the levers and exit")
@@ -528,6 +535,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--steps: must be >= 1, got {args.steps}")
     if args.loss_band < 0:
         raise UserError(f"--loss-band: must be >= 0, got {args.loss_band}")
+    if args.trial_timeout <= 0:
+        raise UserError(f"--trial-timeout: must be > 0, got {args.trial_timeout:g}")
     cfg = load_config(args.recipe, args.set)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and cfg.device != "cpu" else 0
     levers = space.read_space(args.space, cfg) if args.space else space.default_space(cfg, gpus)
@@ -540,6 +549,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         loss_band=args.loss_band,
         min_gain=args.min_gain,
         reference_precision=args.reference_precision,
+        trial_timeout_s=args.trial_timeout,
         db=Path(args.db),
         out=Path(args.out),
         sets=list(args.set),

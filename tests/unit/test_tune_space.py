@@ -25,6 +25,12 @@ def test_default_space_follows_recipe_and_machine():
     assert {"strategy", "ddp.gradient_compression"} <= two
     lm = load_config("recipes/tiny_llama_python_docs_cpu.yaml")
     assert "train.activation_checkpointing" in space.default_space(lm, 0).names()
+    lora = load_config("recipes/llama3_8b_lora_random.yaml")
+    lm_gpu = {lv.key: lv.values for lv in space.default_space(lora, gpus=1).levers}
+    # the levers of the hand-found fastest LoRA set-up (compile + Liger's loss or a chunked one)
+    assert lm_gpu["model.kernels"] == ["none", "liger-loss", "liger"]
+    assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
+    assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise"]
     # the fastest recipe already holds most levers: only what differs is left
     fast = load_config("recipes/mnist_sample_mobilenetv2_fastest.yaml")
     left = space.default_space(fast, gpus=1).names()

@@ -134,8 +134,21 @@ def default_space(cfg: RunConfig, gpus: int) -> Space:
         candidates.append(
             ("model.fp8", ["rowwise", "tensorwise"], "float8 linear layers (torchao)")
         )
-        candidates.append(("model.kernels", ["liger"], "Liger's fused kernels"))
+        candidates.append(
+            (
+                "model.kernels",
+                ["liger-loss", "liger"],
+                "Liger's fused cross-entropy (liger-loss) or all its kernels (liger)",
+            )
+        )
     if lm:
+        candidates.append(
+            (
+                "model.loss_chunk_tokens",
+                [1024],
+                "the loss 1,024 tokens at a time: the whole logits never exist",
+            )
+        )
         candidates.append(
             ("train.activation_checkpointing", [True], "recompute activations: less memory")
         )
