@@ -50,6 +50,11 @@ def test_compile_options_are_dotted_inductor_settings_on_top_of_the_mode(tmp_pat
     # torch.compile takes a mode or options: the mode's own settings, the user's over them
     assert cfg.train.compile_kwargs() == {"options": {"max_autotune": True, **options}}
     assert load_config(None).train.compile_kwargs() == {"mode": "default"}
+    # a unit re-run inside backward (the chunked loss) never gets CUDA graphs
+    graphs = load_config(None, ["train.compile_mode=reduce-overhead"]).train
+    assert graphs.compile_kwargs() == {"mode": "reduce-overhead"}
+    assert graphs.compile_kwargs(cuda_graphs=False) == {"options": {"triton.cudagraphs": False}}
+    assert cfg.train.compile_kwargs(cuda_graphs=False)["options"]["triton.cudagraphs"] is False
     path = tmp_path / "c.yaml"
     path.write_text(to_yaml(cfg))
     assert load_config(path) == cfg

@@ -80,7 +80,13 @@ def parallelize(
         # layers share one graph, so compile time does not grow with depth, and peft's wrappers
         # and the loss run eagerly around them. FSDP then shards the compiled layers.
         for unit in compile_units:
-            unit.compile(**train.compile_kwargs())
+            # A unit whose forward runs again inside backward (the chunked loss, under
+            # activation checkpointing) is compiled without CUDA graphs: replaying a graph then
+            # starts a new generation of cudagraph trees, which overwrites the decoder layers'
+            # graph outputs that backward still needs ("accessing tensor output of CUDAGraphs
+            # that has been overwritten"; reduce-overhead with the chunked loss, H200, torch 2.11)
+            graphs = not getattr(unit, "recomputed_in_backward", False)
+            unit.compile(**train.compile_kwargs(cuda_graphs=graphs))
     elif train.compile:
         inner = torch.compile(model, **train.compile_kwargs())
     if wrapper == "fsdp":  # 4

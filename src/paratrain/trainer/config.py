@@ -91,14 +91,18 @@ class TrainConfig:
         if self.compile_options:
             check_inductor_options(self.compile_options)
 
-    def compile_kwargs(self) -> dict[str, Any]:
+    def compile_kwargs(self, cuda_graphs: bool = True) -> dict[str, Any]:
         """torch.compile's keywords: its mode alone, or (torch.compile takes a mode or options,
-        not both) the mode's own settings with compile_options over them."""
-        if not self.compile_options:
+        not both) the mode's own settings with compile_options over them. cuda_graphs=False:
+        the same without CUDA graphs (for a unit re-run in backward, see parallel/apply.py)."""
+        if not self.compile_options and cuda_graphs:
             return {"mode": self.compile_mode}
         from torch._inductor import list_mode_options
 
-        return {"options": {**list_mode_options(self.compile_mode), **self.compile_options}}
+        options = {**list_mode_options(self.compile_mode), **self.compile_options}
+        if not cuda_graphs:
+            options["triton.cudagraphs"] = False
+        return {"options": options}
 
 
 LOW_BIT = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "adamw-fp8": "AdamWFp8"}

@@ -74,6 +74,8 @@ class ChunkLoss(nn.Module):
     train.compile can compile it in place like a decoder layer: the fp32 upcast, log-softmax and
     gather then fuse instead of each reading the chunk's logits from memory."""
 
+    recomputed_in_backward = True  # chunked_cross_entropy checkpoints it: no CUDA graphs
+
     def forward(self, hidden, labels, weight):
         return _chunk_loss_sum(hidden, labels, weight)
 
