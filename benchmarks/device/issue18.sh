@@ -23,7 +23,7 @@ if [ "$MODE" = tune ]; then
   cp /tmp/tune.db "$OUT/tune.db"
   for f in tune.json tuned.yaml; do cp "/tmp/tune/$f" "$OUT/$f" 2>/dev/null; done
 fi
-if [ "$MODE" = finish ] || [ "${COMPARE:-0}" = 1 ]; then  # COMPARE=1: after MODE=tune, its tuned.yaml
+if [ "$MODE" = finish ] || { [ "$MODE" = tune ] && [ "${COMPARE:-0}" = 1 ]; }; then  # COMPARE=1: after MODE=tune, its tuned.yaml
   tuned=.devdb/tuned.yaml; [ "${COMPARE:-0}" = 1 ] && tuned=/tmp/tune/tuned.yaml
   common=(--set launch.nproc=1 --set train.max_steps=60 --set train.warmup_steps=15
           --set train.eval=false --set checkpoint.at_end=false --set log.progress=false)
