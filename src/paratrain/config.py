@@ -47,10 +47,19 @@ from paratrain.trainer.config import LogConfig, TrainConfig
 class RunConfig:
     name: str = "run"
     """Run name; used in the default output directory and in reports."""
-    task: Literal["auto", "image_classification", "causal_lm", "custom"] = "auto"
-    """What is trained: image_classification or causal_lm (a task owns its data, loss and
-    metrics); auto picks by data.source. custom: the model, data sets and loss given to
-    paratrain.train from Python (tasks/custom.py)."""
+    task: Literal[
+        "auto",
+        "image_classification",
+        "causal_lm",
+        "masked_lm",
+        "text_classification",
+        "gan",
+        "custom",
+    ] = "auto"
+    """What is trained (a task owns its data, loss and metrics): image_classification,
+    causal_lm, masked_lm (BERT-style), text_classification, gan (a generator and a
+    discriminator, two optimizers); auto picks by data.source. custom: the model, data sets and
+    loss given to paratrain.train from Python (tasks/custom.py)."""
     strategy: Strategy = "auto"
     """A shorthand for parallel.* degrees and data.sampler: single, dp, ddp-full, ddp-rr, ddp-ds,
     fsdp, tp, pipeline, split (see README); auto lets the degrees decide (one process, or ddp-ds

@@ -18,6 +18,9 @@ TEXT_FORMATS = ("alpaca", "grammar", "samsum", "slimorca")
 # ships with the standard library (pydoc_data: 79 topics, 465 KB of real English)
 PLAIN_TEXT = ("text", "python-docs")
 TEXT_SOURCES = (*TEXT_FORMATS, *PLAIN_TEXT, "synthetic-text")
+# text with a class per row (sequence classification); filled in by tasks/text_classification.py
+LABELLED_TEXT: tuple[str, ...] = ()
+IMAGE_SOURCES = ("mnist", "mnist-sample", "imagefolder", "synthetic")
 
 
 @dataclass(kw_only=True)

@@ -44,8 +44,12 @@ class ModelConfig:
     """Language model: a Hugging Face checkpoint directory (any AutoModelForCausalLM)."""
     init: Literal["pretrained", "random"] = "pretrained"
     """Language model: load the weights at path, or build the architecture with random weights."""
-    shape: Literal["llama3-8b", "llama3.2-1b", "tiny"] | None = None
-    """Language model with init=random and no path: a named Llama shape."""
+    shape: (
+        Literal["llama3-8b", "llama3.2-1b", "tiny", "gpt2", "tiny-gpt2", "bert-base", "tiny-bert"]
+        | None
+    ) = None
+    """Language model with init=random and no path: a named shape (Llama: llama3-8b,
+    llama3.2-1b, tiny; GPT-2: gpt2 (124M), tiny-gpt2; BERT: bert-base, tiny-bert)."""
     layers: int | None = None
     """Language model with init=random: this many decoder layers instead of the shape's (a
     shallow 8B for a quick try of its width, a deeper tiny model for pipeline stages)."""

@@ -28,6 +28,9 @@ from paratrain.data.samplers import EpochSampler
 TASKS = {
     "image_classification": "paratrain.tasks.image_classification",
     "causal_lm": "paratrain.tasks.causal_lm",
+    "masked_lm": "paratrain.tasks.masked_lm",
+    "text_classification": "paratrain.tasks.text_classification",
+    "gan": "paratrain.tasks.gan",
     "custom": "paratrain.tasks.custom",
 }
 
@@ -36,20 +39,32 @@ def task_module(name: str) -> ModuleType:
     return importlib.import_module(TASKS[name])
 
 
-def resolve_task(task: str, data_source: str) -> str:
-    """`auto` -> the task whose data sources include data.source; an explicit task must read it."""
-    from paratrain.data.loader import TEXT_SOURCES
+def task_sources() -> dict[str, tuple[str, ...]]:
+    """The data sources each task reads (task custom reads none: its objects come from
+    Python). `auto` takes the first task here that reads data.source."""
+    from paratrain.data.loader import IMAGE_SOURCES, LABELLED_TEXT, PLAIN_TEXT, TEXT_SOURCES
 
+    return {
+        "image_classification": IMAGE_SOURCES,
+        "causal_lm": TEXT_SOURCES,
+        "text_classification": LABELLED_TEXT,
+        "masked_lm": (*PLAIN_TEXT, "synthetic-text"),
+        "gan": IMAGE_SOURCES,
+    }
+
+
+def resolve_task(task: str, data_source: str) -> str:
+    """`auto` -> the task that reads data.source; an explicit task must read it."""
     if task == "custom":  # the objects given to paratrain.train: no data source is read
         return task
-    by_source = "causal_lm" if data_source in TEXT_SOURCES else "image_classification"
+    reads = task_sources()
     if task == "auto":
-        return by_source
-    if task != by_source:
-        kind = "text" if by_source == "causal_lm" else "image"
+        return next(t for t, sources in reads.items() if data_source in sources)
+    if data_source not in reads[task]:
+        readers = [t for t, sources in reads.items() if data_source in sources]
         raise ValueError(
-            f"data.source: {data_source} is {kind} data, which task {task} does not read; "
-            f"use task {by_source} or another source"
+            f"data.source: task {task} does not read {data_source} (it reads "
+            f"{', '.join(reads[task])}); {data_source} is read by {', '.join(readers)}"
         )
     return task
 
