@@ -39,6 +39,15 @@ def task_module(name: str) -> ModuleType:
     return importlib.import_module(TASKS[name])
 
 
+# Tasks whose throughput is counted in tokens (Workload.loss returns the batch's trained
+# tokens) and whose MFU comes from Workload.flops_per_token.
+TOKEN_TASKS = ("causal_lm", "masked_lm")
+
+
+def counts_tokens(task: str) -> bool:
+    return task in TOKEN_TASKS
+
+
 def task_sources() -> dict[str, tuple[str, ...]]:
     """The data sources each task reads (task custom reads none: its objects come from
     Python). `auto` takes the first task here that reads data.source."""

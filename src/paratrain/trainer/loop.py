@@ -19,6 +19,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.parallel import ONE_PROCESS
 from paratrain.parallel.ddp import unwrap
 from paratrain.profiling import StepProfiler
+from paratrain.tasks import counts_tokens
 from paratrain.telemetry import GpuSampler, energy_counter
 from paratrain.trainer import result as results
 from paratrain.trainer.measure import (
@@ -99,7 +100,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
             else None
         ),
     )
-    lm = cfg.task == "causal_lm"
+    lm = counts_tokens(cfg.task)
     copies = 1 if run.redundant else run.dims.dp_size  # tokens: rank 0's, times the replicas
 
     def trained_units() -> float:

@@ -18,6 +18,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
 from paratrain.parallel.ddp import unwrap
+from paratrain.tasks import counts_tokens
 from paratrain.telemetry import energy_summary
 
 
@@ -109,7 +110,7 @@ def build(
     ]
     if accuracies:  # the best epoch beside the last
         summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
-    if cfg.task == "causal_lm":
+    if counts_tokens(cfg.task):
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
         # every rank of a tp group and every stage counted the same batch
         copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
@@ -227,7 +228,7 @@ def model_state(run) -> dict[str, Any]:
         "attention_heads": getattr(config, "num_attention_heads", None),
         "kv_heads": getattr(config, "num_key_value_heads", None),
         "micro_batch": run.cfg.data.batch_size,
-        "sequence_length": run.cfg.data.max_length if run.cfg.task == "causal_lm" else None,
+        "sequence_length": run.cfg.data.max_length if counts_tokens(run.cfg.task) else None,
         "micro_batches": run.k,
     }
 
@@ -278,7 +279,7 @@ def energy(
 def print_summary(result: dict[str, Any]) -> None:
     s = result["summary"]
     redundant = " (redundant data: every rank saw every sample)" if result["redundant_data"] else ""
-    if result["task"] == "causal_lm":
+    if counts_tokens(result["task"]):
         mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") else ""
         if s.get("mfu_fp8_peak"):
             mfu += f" of the bf16 peak, {s['mfu_fp8_peak']:.1%} of the fp8 peak"
