@@ -81,7 +81,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:
             raise ValueError(
-                "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny) or a path"
+                "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny, gpt2, tiny-gpt2) "
+                "or a path"
             )
         if self.shift_add_min_side < 0:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")

@@ -18,9 +18,9 @@ from paratrain.data.loader import (
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
-from paratrain.models.causal_lm.build import build_causal_lm, shape_of
+from paratrain.models.causal_lm.build import build_causal_lm, shape_config
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
-from paratrain.models.causal_lm.lora import apply_lora
+from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
 from paratrain.parallel.pipeline import PipelineHooks, check_interleaved, local_stages
@@ -77,10 +77,10 @@ def check(cfg) -> None:
 
 
 def model_config(cfg):
-    """The model's shape (a named SHAPES entry or the checkpoint's config.json): read cheaply
-    before launch, for the degree checks."""
+    """The model's shape (a named SHAPES entry or the checkpoint's config.json) as its
+    transformers config: read cheaply before launch, for the degree checks."""
     if cfg.model.path is None:
-        return shape_of(cfg.model.shape, cfg.model.layers)
+        return shape_config(cfg.model.shape, cfg.model.layers)
     from transformers import AutoConfig
 
     try:
@@ -328,6 +328,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "pin_memory": pin,
             "train_rows": len(train_rows),
             "trainable_parameters": trainable,
+            "lora_targets": lora_targets(model, cfg.lora) if cfg.lora.enabled else None,
             "parameters": sum(p.numel() for p in model.parameters()),
         },
     )

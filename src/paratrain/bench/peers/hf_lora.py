@@ -1,5 +1,5 @@
 """Plain transformers + peft LoRA fine-tuning, written the way their documentation shows: the
-baseline of issue 4's target. A Llama built from the config's shape (random weights) in the
+baseline of issue 4's target. A Llama or GPT-2 built from the config's shape (random weights) in the
 autocast dtype, get_peft_model, AdamW on the adapters, autocast, model(...).loss, DDP when
 torchrun starts several processes. paratrain's synthetic-text rows (random tokens, every token
 trained), in the order paratrain's sampler gives them: the same batches as `paratrain run`, so
@@ -47,9 +47,10 @@ def main() -> None:
             "hf_lora: runs data.source=synthetic-text, model.init=random with a shape, bf16 or fp32"
         )
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from paratrain.models.causal_lm.build import SHAPES, building
+    from paratrain.models.causal_lm.build import building, decoder_layers, model_class, shape_config
+    from paratrain.models.causal_lm.layout import layout_of
+    from paratrain.models.causal_lm.lora import lora_targets
 
     rank, local_rank, world_size = common.world()
     device = common.pick_device(cfg, local_rank)
@@ -57,21 +58,20 @@ def main() -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
     torch.manual_seed(cfg.seed)
-    config = LlamaConfig(
-        **SHAPES[cfg.model.shape], attn_implementation=cfg.model.attn_implementation
-    )
+    config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
     config.use_cache = False
     full = not cfg.lora.enabled
     # full training keeps fp32 master weights (autocast computes in bf16); LoRA's frozen base
     # lives in the autocast dtype
     with building(torch.float32 if full else dtype, device):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if not full:
         lora = LoraConfig(
             r=cfg.lora.r,
             lora_alpha=cfg.lora.alpha,
             lora_dropout=cfg.lora.dropout,
-            target_modules=list(cfg.lora.target_modules),
+            target_modules=lora_targets(config, cfg.lora),  # the family's default when unset
+            fan_in_fan_out=layout_of(config).conv1d,  # GPT-2's Conv1D weights are [in, out]
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
@@ -80,7 +80,7 @@ def main() -> None:
         if not full:
             model.enable_input_require_grads()
     if cfg.train.compile:
-        for layer in model.model.layers if full else model.base_model.model.model.layers:
+        for layer in decoder_layers(model):
             layer.compile()
     if dist.is_initialized():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)

@@ -1,5 +1,5 @@
-"""Building a causal LM through HF transformers: from a checkpoint directory, or a named Llama
-shape with random weights (throughput work, tests; no weights needed)."""
+"""Building a causal LM through HF transformers: from a checkpoint directory, or a named Llama or
+GPT-2 shape with random weights (throughput work, tests; no weights needed)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from paratrain.errors import UserError
+from paratrain.models.causal_lm.layout import layout_of
 
 # Llama shapes for random-init throughput work (no weights needed). From the models' config.json.
 SHAPES: dict[str, dict] = {
@@ -47,6 +48,36 @@ SHAPES: dict[str, dict] = {
         max_position_embeddings=4096,
         tie_word_embeddings=False,
     ),
+    # GPT-2 small (124M) as openai-community/gpt2's config.json: lm_head tied to wte. Dropout 0,
+    # as nanoGPT pretrains it (and so that ranks and replays compute the same).
+    "gpt2": dict(
+        model_type="gpt2",
+        vocab_size=50257,
+        n_positions=1024,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+    ),
+    # CPU tests: the byte tokenizer's 259 ids fit in 320 (its begin / end of text are 256 / 257,
+    # GPT-2's 50256 would lie outside); rows up to 512 tokens.
+    "tiny-gpt2": dict(
+        model_type="gpt2",
+        vocab_size=320,
+        bos_token_id=256,
+        eos_token_id=257,
+        n_positions=512,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -61,19 +92,19 @@ def build_causal_lm(
 ) -> nn.Module:
     """Random init builds straight on `device` in `dtype` (an 8B model in fp32 on the host would be
     32 GB and minutes of single-threaded init); pretrained weights load on the host."""
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if init == "random":
         if path is not None:
             config = AutoConfig.from_pretrained(path)
             config._attn_implementation = attn
             if layers:
-                config.num_hidden_layers = layers
+                config.num_hidden_layers = layers  # GPT-2's n_layer through its alias
             with building(dtype, device):
                 return AutoModelForCausalLM.from_config(config, dtype=dtype)
-        config = LlamaConfig(**shape_of(shape, layers), attn_implementation=attn)
+        config = shape_config(shape, layers, attn)
         with building(dtype, device):
-            return LlamaForCausalLM(config)
+            return model_class(config)(config)
     if not Path(path).is_dir():
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
     try:
@@ -86,7 +117,26 @@ def build_causal_lm(
 
 def shape_of(shape: str, layers: int | None = None) -> dict:
     """A named shape's config fields, with its decoder layer count replaced when given."""
-    return {**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})}
+    key = "n_layer" if SHAPES[shape].get("model_type") == "gpt2" else "num_hidden_layers"
+    return {**SHAPES[shape], **({key: layers} if layers else {})}
+
+
+def shape_config(shape: str, layers: int | None = None, attn: str = "sdpa"):
+    """A named shape as its transformers config (LlamaConfig, GPT2Config)."""
+    from transformers import GPT2Config, LlamaConfig
+
+    fields = shape_of(shape, layers)
+    kind = fields.pop("model_type", "llama")
+    config_class = {"llama": LlamaConfig, "gpt2": GPT2Config}[kind]
+    return config_class(**fields, attn_implementation=attn)
+
+
+def model_class(config):
+    """The causal-LM class of a shape's config. The class itself, not AutoModelForCausalLM's
+    from_config: the same seed gives the same weights as the plain reference (bench/peers)."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    return {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}[config.model_type]
 
 
 @contextlib.contextmanager
@@ -104,10 +154,11 @@ def building(dtype: torch.dtype, device: torch.device | str):
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks (under a peft wrapper too): the unit of FSDP sharding."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = getattr(getattr(inner, "model", None), "layers", None)
+    layout = layout_of(inner)
+    layers = getattr(getattr(inner, layout.decoder, None), layout.layers, None)
     if layers is None:
         raise UserError(
-            "model.path: paratrain parallelizes causal LMs of the Llama layout (model.layers); "
-            "this model has none"
+            "model.path: paratrain parallelizes causal LMs of the Llama layout (model.layers) or "
+            "GPT-2's (transformer.h); this model has neither"
         )
     return list(layers)

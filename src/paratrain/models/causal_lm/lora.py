@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from paratrain.errors import UserError
+from paratrain.models.causal_lm.layout import layout_of
 
 
 @dataclass(kw_only=True)
@@ -19,8 +20,10 @@ class LoraConfig:
     """Scale: the adapter's update is multiplied by alpha / r."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj", "o_proj"])
-    """Linear layers that get adapters (Llama names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)."""
+    target_modules: list[str] = field(default_factory=list)
+    """Layers that get adapters, as name suffixes (peft's matching); empty: the family's default
+    (Llama: q_proj v_proj o_proj, of q k v o gate up down _proj; GPT-2: attn.c_attn attn.c_proj,
+    of c_attn c_proj c_fc)."""
     save_merged: bool = False
     """Also save the base model with the adapters merged in (full size)."""
 
@@ -29,8 +32,6 @@ class LoraConfig:
             raise ValueError(f"r: must be >= 1, got {self.r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")
-        if not self.target_modules:
-            raise ValueError("target_modules: name at least one module, e.g. q_proj")
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
@@ -41,15 +42,18 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
 
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [t for t in cfg.target_modules if t not in names]
+    layout = layout_of(model)
+    targets = lora_targets(model, cfg)
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         raise UserError(f"lora.target_modules: the model has no module named {missing[0]!r}")
     peft_cfg = PeftLora(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
+        target_modules=targets,
+        fan_in_fan_out=layout.conv1d,  # Conv1D stores [in, out]: peft transposes its update
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, peft_cfg)
@@ -57,3 +61,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         if p.requires_grad:
             p.data = p.data.float()
     return model
+
+
+def lora_targets(model_or_config, cfg: LoraConfig) -> list[str]:
+    """lora.target_modules, or the model family's default when it is empty (layout.py)."""
+    return list(cfg.target_modules) or list(layout_of(model_or_config).lora_targets)

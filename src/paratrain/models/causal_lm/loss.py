@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paratrain.models.causal_lm.layout import decoder_of
+
 IGNORE = -100
 
 
@@ -160,7 +162,7 @@ class ChunkedLossLM(nn.Module):
         from transformers.modeling_outputs import CausalLMOutput
 
         base = self.get_base_model()
-        hidden = base.model(
+        hidden = decoder_of(base)(  # Llama's .model, GPT-2's .transformer (layout.py)
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
         labels = labels.to(hidden.device)  # strategy=split: the last layers' GPU

@@ -1,6 +1,8 @@
-"""CausalLMSpec: what parallel/ may know of a Hugging Face causal LM of the Llama layout
-(model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
-model.norm, model.rotary_emb, lm_head), under peft's LoRA wrapper or not.
+"""CausalLMSpec: what parallel/ may know of a Hugging Face causal LM, under peft's LoRA wrapper
+or not. Blocks, split units and FLOPs follow the family's layout (layout.py: Llama's model.layers,
+GPT-2's transformer.h); the tensor-parallel plan and the pipeline stages are written for the Llama
+layout (model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
+model.norm, model.rotary_emb, lm_head), and check_parallel refuses them for the others.
 
 The tensor-parallel plan is Megatron-LM's (Shoeybi et al. 2019) as torch.distributed.tensor.parallel
 writes it: q/k/v and gate/up split by output columns (each rank holds whole heads), o and down by
@@ -22,6 +24,7 @@ from torch import nn
 
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.build import decoder_layers
+from paratrain.models.causal_lm.layout import decoder_of, layout_of
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -35,8 +38,12 @@ def base_model(model: nn.Module) -> nn.Module:
 def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
     """Shape checks on a transformers config (or SHAPES entry): heads, widths and vocabulary must
     split evenly over tp, layers over the pp stages (pp x per_rank under an interleaved schedule);
-    one line naming the field, before anything launches."""
+    one line naming the field, before anything launches. A GPT2Config answers the Llama names
+    (num_attention_heads, num_hidden_layers) through its attribute_map."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    layout = layout_of(config)
+    if tp > 1 and layout.no_tensor_parallel:
+        raise UserError(f"parallel.tp: {tp} is refused: {layout.no_tensor_parallel}")
     if tp > 1:
         for key in (
             "num_attention_heads",
@@ -67,6 +74,8 @@ def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
                 "parallel.pp: the model ties lm_head to the input embedding, which a pipeline would "
                 "put on two stages; use tp / fsdp for it, or an untied model"
             )
+        if layout.no_pipeline:
+            raise UserError(f"parallel.pp: {pp} is refused: {layout.no_pipeline}")
 
 
 class CausalLMSpec:
@@ -78,7 +87,7 @@ class CausalLMSpec:
     # ------------------------------------------------------------------ pipeline and split
 
     def pipeline_units(self, model: nn.Module) -> int:
-        return len(base_model(model).model.layers)
+        return len(decoder_layers(model))
 
     def make_stage(self, model, keep, stage, stages, **options):
         """This rank's decoder layers `keep` (the embedding on the first stage, norm and lm_head
@@ -107,6 +116,9 @@ class CausalLMSpec:
                 "strategy: split puts the embedding and lm_head on different GPUs, and this model "
                 "ties them; use tp or fsdp"
             )
+        layout = layout_of(base)
+        if layout.no_pipeline:
+            raise UserError(f"strategy: split is refused: {layout.no_pipeline}")
         inner = base.model
         return [inner.embed_tokens, *inner.layers, inner.norm, base.lm_head]
 
@@ -138,6 +150,8 @@ class CausalLMSpec:
         )
 
         base = base_model(model)
+        if layout_of(base).no_tensor_parallel:  # preflight refuses it; paratrain.train(model=) too
+            raise UserError(f"parallel.tp: refused: {layout_of(base).no_tensor_parallel}")
         inner = base.model
         sp = sequence_parallel
         between = Shard(1) if sp else Replicate()  # the residual stream's layout between blocks
@@ -196,15 +210,17 @@ class CausalLMSpec:
         gradients) plus the same attention term (its score/value products have no weights and
         run forward and backward whatever is trained), plus 6 x the adapters' own parameters.
         N counts the weights of the base model's matmuls: every parameter but the embedding
-        table (a lookup, not a matmul), and the lm_head's vocabulary x hidden matmul also when
-        it shares the embedding's weight (tied, as Llama-3.2-1B's): one tensor, two uses.
+        tables (lookups, not matmuls: the tokens', and GPT-2's learned positions), and the
+        lm_head's vocabulary x hidden matmul also when it shares the token embedding's weight
+        (tied, as Llama-3.2-1B's and GPT-2's): one tensor, two uses.
         """
         inner = base_model(model)
         cfg = inner.config
-        embed = cfg.vocab_size * cfg.hidden_size
-        base = sum(p.numel() for n, p in inner.named_parameters() if "lora_" not in n) - embed
+        decoder = decoder_of(inner)
+        tables = sum(getattr(decoder, e).weight.numel() for e in layout_of(inner).embeddings)
+        base = sum(p.numel() for n, p in inner.named_parameters() if "lora_" not in n) - tables
         if getattr(cfg, "tie_word_embeddings", False):
-            base += embed  # the lm_head matmul, whose weight named_parameters lists once
+            base += cfg.vocab_size * cfg.hidden_size  # the lm_head matmul, its weight listed once
         attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
         if not lora:
             return 6 * base + attention
@@ -214,7 +230,7 @@ class CausalLMSpec:
 
 FLOPS_FORMULA = (
     "full: 6N + 12*layers*hidden*seq_len; LoRA: 4N + 12*layers*hidden*seq_len + 6*adapters; "
-    "N = matmul weights (all parameters but the embedding table; a tied lm_head counted)"
+    "N = matmul weights (all parameters but the embedding tables; a tied lm_head counted)"
 )
 
 

@@ -1,0 +1,82 @@
+"""Where a causal LM family keeps its parts: one small description per family, chosen from the
+HF config's model_type, so that the spec, the loss wrapper and LoRA name the decoder, its layers,
+embeddings and final norm without branching on the family themselves.
+
+Llama's layout (model.embed_tokens, model.layers, model.norm, rotary positions) also fits the
+families that copied it (Mistral, Qwen2, ...), so it is the default; GPT-2 keeps its decoder at
+transformer.{wte, wpe, h, ln_f} and its projections as transformers' Conv1D (weight [in, out]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Layout:
+    family: str
+    decoder: str
+    """The LM's attribute holding the decoder (whose forward returns last_hidden_state)."""
+    layers: str
+    """The decoder's list of transformer blocks."""
+    embeddings: tuple[str, ...]
+    """The decoder's lookup tables (token, and learned positions where the family has them)."""
+    norm: str
+    """The decoder's final norm, before lm_head."""
+    lora_targets: tuple[str, ...]
+    """Default lora.target_modules (suffixes of module names, as peft matches them)."""
+    conv1d: bool = False
+    """Projections are Conv1D ([in, out] weights): peft needs fan_in_fan_out."""
+    no_tensor_parallel: str | None = None
+    """Why parallel.tp > 1 is refused, or None when the Megatron plan in spec.py fits."""
+    no_pipeline: str | None = None
+    """Why parallel.pp > 1 / strategy=split are refused, or None when spec.py's stages fit."""
+
+
+LLAMA = Layout(
+    family="llama",
+    decoder="model",
+    layers="layers",
+    embeddings=("embed_tokens",),
+    norm="norm",
+    lora_targets=("q_proj", "v_proj", "o_proj"),  # the seed's (torchtune's) choice
+)
+
+GPT2 = Layout(
+    family="gpt2",
+    decoder="transformer",
+    layers="h",
+    embeddings=("wte", "wpe"),
+    norm="ln_f",
+    # the fused q/k/v and attention's output projection; "attn.c_proj" leaves the MLP's c_proj
+    # (the same name) out, as Llama's default leaves the MLP out
+    lora_targets=("attn.c_attn", "attn.c_proj"),
+    conv1d=True,
+    no_tensor_parallel=(
+        "GPT-2's projections are Conv1D with q/k/v fused in c_attn, which torch's "
+        "Colwise/RowwiseParallel do not split; use ddp-ds or fsdp for GPT-2"
+    ),
+    no_pipeline=(
+        "pipeline stages are built for the Llama layout (rotary positions); GPT-2's learned "
+        "positions are not staged yet; use ddp-ds or fsdp for GPT-2"
+    ),
+)
+
+LAYOUTS = {"gpt2": GPT2}
+
+
+def layout_of(model_or_config) -> Layout:
+    """The layout of a model (a peft or loss wrapper too), an HF config or a SHAPES entry."""
+    obj = model_or_config
+    if hasattr(obj, "get_base_model"):
+        obj = obj.get_base_model()
+    config = getattr(obj, "config", obj) if isinstance(obj, nn.Module) else obj
+    kind = config.get("model_type") if isinstance(config, dict) else config.model_type
+    return LAYOUTS.get(kind, LLAMA)
+
+
+def decoder_of(base: nn.Module) -> nn.Module:
+    """The transformers model's decoder (Llama's .model, GPT-2's .transformer)."""
+    return getattr(base, layout_of(base).decoder)
