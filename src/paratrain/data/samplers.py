@@ -81,8 +81,10 @@ class EpochSampler(Sampler[int]):
 
     def __init__(self, base: Sampler[int]):
         self.base, self.skip = base, 0
+        self.epoch = 0  # read by tasks whose samples depend on the epoch (masked_lm's masks)
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch = epoch
         if hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)
         self.skip = skip

@@ -8,28 +8,37 @@ from pathlib import Path
 from paratrain.errors import UserError
 
 BYTE_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|pad|>")
+# BERT's four (its [UNK] is never needed: every byte has an id)
+BERT_SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def byte_tokenizer():
     """Every UTF-8 byte is one token (ids 0-255), then BOS, EOS and PAD: any text encodes, and the
     ids fit any vocabulary of 259 or more (the random-init shapes have 128,256)."""
+    bos, eos, pad = BYTE_SPECIALS
+    return _bytes_and(BYTE_SPECIALS, bos_token=bos, eos_token=eos, pad_token=pad)
+
+
+def bert_byte_tokenizer():
+    """The byte tokenizer with BERT's specials after the bytes: [PAD] 256, [CLS] 257, [SEP] 258,
+    [MASK] 259 (tiny-bert's vocabulary has 264 ids; bert-base's 30,522 hold them too)."""
+    pad, cls, sep, mask = BERT_SPECIALS
+    return _bytes_and(BERT_SPECIALS, pad_token=pad, cls_token=cls, sep_token=sep, mask_token=mask)
+
+
+def _bytes_and(specials: tuple[str, ...], **roles: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda ch: _byte_of(ch))
     vocab = {ch: i for i, ch in enumerate(alphabet)}
-    for i, special in enumerate(BYTE_SPECIALS):
+    for i, special in enumerate(specials):
         vocab[special] = 256 + i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(BYTE_SPECIALS))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BYTE_SPECIALS[0],
-        eos_token=BYTE_SPECIALS[1],
-        pad_token=BYTE_SPECIALS[2],
-    )
+    tok.add_special_tokens(list(specials))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
 
 
 def _byte_of(ch: str) -> int:

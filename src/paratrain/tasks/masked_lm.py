@@ -1,0 +1,185 @@
+"""Masked-language-model training (BERT, seed 001's case study): plain text as [CLS] piece [SEP]
+rows, 15% of each row corrupted (lm/masking.py, keyed by seed, epoch and sample), the loss on
+the corrupted positions; held-out masked-token loss, accuracy and perplexity; tokens/s, MFU."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from paratrain.data.loader import PLAIN_TEXT, OnDevice, loader_workers, rank_loaders
+from paratrain.distributed import process_group as pg
+from paratrain.errors import UserError
+from paratrain.lm import data as lmdata
+from paratrain.lm import encoder as enc
+from paratrain.lm.masking import IGNORE, mask_batch
+from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
+from paratrain.tasks import Workload
+
+SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs
+VAL_EPOCH = 0  # held-out rows keep one mask, so that evaluations compare
+
+
+def check(cfg) -> None:
+    """Config-time checks of the BERT tasks (ValueError naming the field)."""
+    m, p = cfg.model, cfg.parallel
+    if m.path is None and (m.init != "random" or m.shape not in BERT_SHAPES):
+        raise ValueError(
+            f"model.shape: {cfg.task} trains a BERT; set model.init=random with model.shape "
+            f"{' or '.join(BERT_SHAPES)}, or model.path to a Hugging Face checkpoint"
+        )
+    if cfg.strategy in ("dp", "tp", "pipeline", "split") or p.tp != 1 or p.pp != 1:
+        raise ValueError(
+            f"strategy: {cfg.strategy} (tp={p.tp}, pp={p.pp}): BERT trains with single, ddp-* "
+            "or fsdp; tensor parallelism, pipeline stages, the split and DataParallel have no "
+            "plan for encoders yet"
+        )
+    if m.kernels != "none" or m.fp8 != "none" or m.loss_chunk_tokens:
+        raise ValueError(
+            "model.kernels: Liger kernels, fp8 and the chunked loss are built for causal LMs; "
+            "set kernels=none, fp8=none, loss_chunk_tokens=0 for BERT"
+        )
+    if cfg.data.packing:
+        raise ValueError("data.packing: BERT rows are one piece each; set data.packing=false")
+    limit = SHAPES.get(m.shape, {}).get("max_position_embeddings", 512)
+    if cfg.data.max_length > limit:
+        raise ValueError(
+            f"data.max_length: {cfg.data.max_length} exceeds BERT's {limit} positions; lower it"
+        )
+
+
+def preflight(cfg, cuda: bool, dims) -> None:
+    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
+        raise UserError(
+            f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
+        )
+    if cfg.data.source == "text":  # a missing or unreadable file: one line, before any process
+        lmdata.text_documents("text", cfg.data.path)
+
+
+def rows(cfg, tokenizer) -> list[list[int]]:
+    d = cfg.data
+    if d.source == "synthetic-text":  # random bytes between [CLS] and [SEP], every row full
+        g = torch.Generator().manual_seed(cfg.seed)
+        body = torch.randint(0, 256, (SYNTHETIC_ROWS, d.max_length - 2), generator=g).tolist()
+        return [[tokenizer.cls_token_id, *r, tokenizer.sep_token_id] for r in body]
+    assert d.source in PLAIN_TEXT, d.source
+    out = enc.encode_documents(lmdata.text_documents(d.source, d.path), tokenizer, d.max_length)
+    return out[: d.limit_samples] if d.limit_samples is not None else out
+
+
+def summarize(loss_sum: float, correct: float, tokens: float) -> dict[str, float]:
+    mean = loss_sum / max(tokens, 1)
+    return {
+        "val_loss": mean,
+        "val_accuracy": correct / max(tokens, 1),
+        "val_perplexity": math.exp(min(mean, 50.0)),
+    }
+
+
+def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+    d, m = cfg.data, cfg.model
+    tokenizer = enc.encoder_tokenizer(m.path)
+    model = build_bert(
+        path=m.path,
+        init=m.init,
+        shape=m.shape,
+        attn=m.attn_implementation,
+        dtype=policy.param_dtype,
+        device=env.device,
+        layers=m.layers,
+    )
+    vocab = model.config.vocab_size
+    if len(tokenizer) > vocab:
+        raise UserError(
+            f"model.shape: the tokenizer has {len(tokenizer)} ids, the model {vocab} embeddings"
+        )
+    all_rows = rows(cfg, tokenizer)
+    n_val = int(len(all_rows) * d.val_fraction) if d.source != "synthetic-text" else 0
+    # every 1/val_fraction-th row held out: pieces of one document sit together
+    step = max(1, round(1 / d.val_fraction)) if n_val else 0
+    val_rows = all_rows[::step][:n_val] if n_val else []
+    held = set(range(0, len(all_rows), step)[:n_val]) if n_val else set()
+    train_rows = [r for i, r in enumerate(all_rows) if i not in held]
+    if len(train_rows) < loader_batch * (dims.dp_size if d.sampler != "full" else 1):
+        raise UserError(
+            f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
+            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+        )
+    pin = d.pin_memory and env.device.type == "cuda"
+    train, val, sampler = rank_loaders(
+        enc.Rows(train_rows),
+        enc.Rows(val_rows) if val_rows else None,
+        d,
+        rank=dims.dp_rank,
+        world=dims.dp_size,
+        seed=cfg.seed,
+        loader_batch=loader_batch,
+        even_val=True,  # under FSDP every forward is a collective: the same count everywhere
+        collate_fn=enc.Collate(tokenizer.pad_token_id),
+        num_workers=loader_workers(d.num_workers),
+        pin_memory=pin,
+    )
+    specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+
+    def masked(batch, epoch: int) -> dict:
+        """Corrupts the batch on the host, keyed by each row's index (lm/masking.py)."""
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        maskable = attention.bool() & ~torch.isin(ids, specials)
+        ids, labels = mask_batch(
+            ids,
+            maskable,
+            batch["tag"],
+            seed=cfg.seed,
+            epoch=epoch,
+            mask_id=tokenizer.mask_token_id,
+            vocab_size=len(tokenizer),
+        )
+        out = {"input_ids": ids, "attention_mask": attention, "labels": labels}
+        return {k: v.to(env.device, non_blocking=d.non_blocking) for k, v in out.items()}
+
+    def loss(model, batch):
+        # tokens: every real token runs through the model (what MFU counts), not only the
+        # 15% the loss is taken on
+        out = model(**batch)
+        return out.loss, batch["attention_mask"].sum()
+
+    @torch.no_grad()
+    def evaluate(model, loader) -> dict[str, float]:
+        """Held-out loss, accuracy and perplexity over the masked tokens, summed over ranks."""
+        model.eval()
+        sums = torch.zeros(3, device=env.device, dtype=torch.float64)
+        for batch in loader:
+            labels = batch.pop("labels")
+            with policy.autocast():
+                logits = model(**batch).logits.float()
+            picked = labels != IGNORE
+            sums[0] += torch.nn.functional.cross_entropy(
+                logits[picked], labels[picked], reduction="sum"
+            ).double()
+            sums[1] += (logits[picked].argmax(-1) == labels[picked]).sum()
+            sums[2] += picked.sum()
+        return summarize(*pg.all_reduce_sum(sums.tolist(), env.device))
+
+    seq_len = max(len(r) for r in train_rows)
+    spec = BertSpec()
+    return Workload(
+        model=model,
+        spec=spec,
+        train=OnDevice(train, lambda batch: masked(batch, sampler.epoch)),
+        val=OnDevice(val, lambda batch: masked(batch, VAL_EPOCH)) if val is not None else None,
+        sampler=sampler,
+        loss=loss,
+        evaluate=evaluate,
+        flops_per_token=spec.flops_per_token(model, seq_len, False),
+        compile_units=spec.blocks(model),
+        info={
+            "data_real": d.source != "synthetic-text",
+            "random_init": m.init == "random",
+            "train_rows": len(train_rows),
+            "val_rows": len(val_rows),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )

@@ -1,0 +1,132 @@
+"""Sequence classification with BERT: labelled text (python-docstrings, or the user's CSV /
+JSONL as text-labels) as [CLS] text [SEP] rows, the [CLS] state's class; cross-entropy, held-out
+loss and accuracy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
+from paratrain.distributed import process_group as pg
+from paratrain.errors import UserError
+from paratrain.lm import encoder as enc
+from paratrain.models.bert import BertSpec, build_bert
+from paratrain.tasks import Workload
+from paratrain.tasks.masked_lm import check as _bert_check
+
+
+def check(cfg) -> None:
+    """The BERT checks (tasks/masked_lm.py), and a file for text-labels."""
+    _bert_check(cfg)
+    if cfg.data.source == "text-labels" and not cfg.data.path:
+        raise ValueError("data.path: text-labels reads a CSV or JSONL file with text and label")
+
+
+def preflight(cfg, cuda: bool, dims) -> None:
+    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
+        raise UserError(
+            f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
+        )
+    if cfg.data.source == "text-labels":  # unreadable or unlabelled: one line, before launch
+        enc.read_labelled(cfg.data.path)
+
+
+def labelled(cfg) -> tuple[list[str], list[int], list[str]]:
+    if cfg.data.source == "python-docstrings":
+        return enc.stdlib_docstrings()
+    return enc.read_labelled(cfg.data.path)
+
+
+def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+    d, m = cfg.data, cfg.model
+    tokenizer = enc.encoder_tokenizer(m.path)
+    texts, labels, names = labelled(cfg)
+    model = build_bert(
+        path=m.path,
+        init=m.init,
+        shape=m.shape,
+        attn=m.attn_implementation,
+        dtype=policy.param_dtype,
+        device=env.device,
+        layers=m.layers,
+        num_labels=len(names),
+    )
+    ids = enc.encode(texts, tokenizer, d.max_length)
+    train_at, val_at = enc.held_out_split(len(ids), d.val_fraction)
+    if d.limit_samples is not None:
+        train_at = train_at[: d.limit_samples]
+    if len(train_at) < loader_batch * (dims.dp_size if d.sampler != "full" else 1):
+        raise UserError(
+            f"data.batch_size: {len(train_at)} training rows are fewer than one batch on every "
+            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+        )
+
+    def rows(at):
+        return enc.Rows([ids[i] for i in at], [labels[i] for i in at])
+
+    pin = d.pin_memory and env.device.type == "cuda"
+    train, val, sampler = rank_loaders(
+        rows(train_at),
+        rows(val_at) if val_at else None,
+        d,
+        rank=dims.dp_rank,
+        world=dims.dp_size,
+        seed=cfg.seed,
+        loader_batch=loader_batch,
+        even_val=collective_forward,  # under FSDP every forward is a collective
+        collate_fn=enc.Collate(tokenizer.pad_token_id),
+        num_workers=loader_workers(d.num_workers),
+        pin_memory=pin,
+    )
+
+    def on_device(loader):
+        return OnDevice(
+            loader,
+            lambda batch: {
+                k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
+            },
+        )
+
+    def loss(model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return F.cross_entropy(logits.float(), batch["tag"]), None
+
+    @torch.no_grad()
+    def evaluate(model, loader) -> dict[str, float]:
+        """Held-out mean loss and accuracy, summed over ranks."""
+        model.eval()
+        sums = torch.zeros(3, device=env.device, dtype=torch.float64)
+        for batch in loader:
+            with policy.autocast():
+                logits = model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits.float()
+            sums[0] += F.cross_entropy(logits, batch["tag"], reduction="sum").double()
+            sums[1] += (logits.argmax(-1) == batch["tag"]).sum()
+            sums[2] += len(batch["tag"])
+        loss_sum, correct, n = pg.all_reduce_sum(sums.tolist(), env.device)
+        return {"val_loss": loss_sum / max(n, 1), "val_accuracy": correct / max(n, 1)}
+
+    counts = torch.bincount(torch.tensor(labels), minlength=len(names)).tolist()
+    return Workload(
+        model=model,
+        spec=BertSpec(),
+        train=on_device(train),
+        val=on_device(val) if val is not None else None,
+        sampler=sampler,
+        loss=loss,
+        evaluate=evaluate,
+        compile_units=BertSpec().blocks(model),
+        info={
+            "data_real": True,
+            "random_init": m.init == "random",
+            "num_classes": len(names),
+            "classes": dict(zip(names, counts, strict=True)),
+            "train_rows": len(train_at),
+            "val_rows": len(val_at),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )
