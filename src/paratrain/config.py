@@ -39,6 +39,7 @@ from paratrain.parallel.split import SplitConfig
 from paratrain.parallel.sync import SyncConfig
 from paratrain.precision import Precision, ScalerConfig
 from paratrain.tasks import resolve_task, task_module
+from paratrain.tasks.gan import GanConfig
 from paratrain.trainer.checkpoint import CheckpointConfig
 from paratrain.trainer.config import LogConfig, TrainConfig
 
@@ -86,6 +87,7 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    gan: GanConfig = field(default_factory=GanConfig)
 
     def __post_init__(self) -> None:
         self.task = resolve_task(self.task, self.data.source)

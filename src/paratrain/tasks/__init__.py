@@ -100,6 +100,18 @@ class Workload:
     """For MFU (language models), counted on the whole model before any cut or shard."""
     finish: Callable[[nn.Module, Path], dict[str, str]] | None = None
     """Rank-collective; saves artifacts (a LoRA adapter) and returns their paths."""
+    parts: dict[str, nn.Module] | None = None
+    """A task of several models trained apart (a GAN's generator and discriminator): the
+    model's children by name. Each is parallelized on its own (its own DDP / FSDP wrapper) and
+    gets its own optimizer (run.optimizer is then their list, in this order); `model` is their
+    container, what checkpoints and evaluations see."""
+    step: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor | None, bool]] | None = None
+    """A task's own optimizer step, (run, batch) -> (loss, tokens or None, applied): for tasks
+    whose step is not one forward, one loss, one backward and one optimizer step (a GAN's two
+    alternating updates). It reads the wrapped parts from run.parts."""
+    out_dir: Path | None = None
+    """The run's folder (set by the trainer after build): where a task writes its own
+    artifacts during training (a GAN's sample grids)."""
     compile_units: list[nn.Module] | None = None
     """Repeated units (decoder layers, the chunked loss): torch.compile compiles each in place
     instead of the whole model, so one graph serves every layer and the wrapper code (peft, the

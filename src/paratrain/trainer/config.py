@@ -24,6 +24,10 @@ class TrainConfig:
     """Learning rate (constant, or the peak of the cosine schedule)."""
     momentum: float = 0.9
     """SGD momentum."""
+    adam_beta1: float = 0.9
+    """AdamW's first-moment decay (DCGAN's recipe uses 0.5)."""
+    adam_beta2: float = 0.999
+    """AdamW's second-moment decay."""
     weight_decay: float = 0.0
     """Decoupled (adamw) or L2 (sgd) weight decay."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -86,6 +90,9 @@ class TrainConfig:
             raise ValueError(f"gc_every_steps: must be >= 0, got {self.gc_every_steps}")
         if self.profile_steps < 0:
             raise ValueError(f"profile_steps: must be >= 0, got {self.profile_steps}")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"{key}: must be in [0, 1), got {getattr(self, key)}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
         if self.compile_options:
@@ -122,7 +129,10 @@ def build_optimizer(params, tc: TrainConfig):
         return torch.optim.SGD(
             params, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay, fused=fused
         )
-    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+    betas = (tc.adam_beta1, tc.adam_beta2)
+    return torch.optim.AdamW(
+        params, lr=tc.lr, betas=betas, weight_decay=tc.weight_decay, fused=fused
+    )
 
 
 def check_inductor_options(options: dict[str, Any]) -> None:

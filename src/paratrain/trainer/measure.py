@@ -109,8 +109,10 @@ def lr_at(step: int, total_steps: int, tc) -> float:
     return 0.5 * tc.lr * (1 + math.cos(math.pi * step / max(total_steps, 1)))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
+def set_lr(optimizer, lr: float) -> None:
+    """optimizer: one, or a list (a task of several models, each with its own)."""
+    optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
+    for group in (g for o in optimizers for g in o.param_groups):
         if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep it a tensor
             group["lr"].fill_(lr)
         else:

@@ -203,7 +203,8 @@ def model_state(run) -> dict[str, Any]:
     params = list(model.parameters())
     state = [
         t
-        for s in run.optimizer.state.values()
+        for o in (run.optimizer if isinstance(run.optimizer, list) else [run.optimizer])
+        for s in o.state.values()
         for t in s.values()
         if torch.is_tensor(t) and t.dim() > 0  # not AdamW's scalar step counters
     ]

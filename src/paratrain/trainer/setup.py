@@ -58,7 +58,8 @@ class Run:
     eval_model: nn.Module
     """The same without DDP's wrapper (whose forward is a collective)."""
     pipe: Pipeline | None
-    optimizer: torch.optim.Optimizer
+    optimizer: Any
+    """The optimizer; a list of them, one per part, for a task of several models."""
     scaler: Any
     policy: Any
     state: LoopState
@@ -76,6 +77,9 @@ class Run:
     dtensor_params: list
     """Trainable DTensor weights under tensor parallelism (their gradients are summed over the
     tp ranks before each optimizer step), else empty."""
+    parts: dict[str, nn.Module] = field(default_factory=dict)
+    """Workload.parts as trained: each wrapped (DDP / FSDP / compiled) on its own; empty for a
+    task of one model."""
     saves: AsyncSaves | None = None
     """checkpoint.async_mode: the save in flight."""
     sync: Any = None
@@ -197,6 +201,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     collective_forward = wrapper == "fsdp" or dims.tp_enabled
     task = task_module(cfg.task)
     work = task.build(cfg, env, dims, policy, loader_batch, collective_forward)
+    work.out_dir = out_dir
 
     # ---- model parallelism that moves or cuts the model comes first
     model, split, stage_modules = work.model, None, None
@@ -226,21 +231,29 @@ def setup(cfg, env: pg.DistEnv) -> Run:
             "CUDA stream order); use device=cpu, or a real link"
         )
     # ---- applied from outside the model, in a fixed order (parallel/apply.py)
-    model, eval_model = parallelize(
-        model,
-        work.spec,
-        dims,
-        wrapper=wrapper,
-        device=device,
-        policy=policy,
-        train=tc,
-        ddp=cfg.ddp,
-        parallel=cfg.parallel,
-        lora=cfg.task == "causal_lm" and cfg.lora.enabled,
-        compile_units=work.compile_units,
-        stage_modules=stage_modules,
-        link=link,
-    )
+    def apply(module: nn.Module, compile_units, stages=None) -> tuple[nn.Module, nn.Module]:
+        return parallelize(
+            module,
+            work.spec,
+            dims,
+            wrapper=wrapper,
+            device=device,
+            policy=policy,
+            train=tc,
+            ddp=cfg.ddp,
+            parallel=cfg.parallel,
+            lora=cfg.task == "causal_lm" and cfg.lora.enabled,
+            compile_units=compile_units,
+            stage_modules=stages,
+            link=link,
+        )
+
+    parts: dict[str, nn.Module] = {}
+    if work.parts:  # several models (a GAN): each wrapped on its own; the container is saved
+        parts = {name: apply(part, None)[0] for name, part in work.parts.items()}
+        eval_model = model
+    else:
+        model, eval_model = apply(model, work.compile_units, stage_modules)
     pipe = None
     if dims.pp > 1:  # one stage: the (wrapped) model itself; interleaved: modules sharing it
         stages = [model] if len(stage_modules) == 1 else stage_modules
@@ -249,7 +262,13 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     seed_all(cfg.seed + dims.dp_rank)
 
     params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = build_optimizer(split_by_kind(params) if dims.tp_enabled else params, tc)
+    if work.parts:  # one optimizer per part, in the parts' order
+        optimizer = [
+            build_optimizer([p for p in part.parameters() if p.requires_grad], tc)
+            for part in work.parts.values()
+        ]
+    else:
+        optimizer = build_optimizer(split_by_kind(params) if dims.tp_enabled else params, tc)
     scaler = build_scaler(cfg.precision, cfg.scaler, device)
     k = tc.grad_accum_steps
     steps_per_epoch = len(work.train) // k
@@ -283,6 +302,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
         step_context=lambda: step_context(dims, cfg.parallel),
         params=params,
         dtensor_params=[p for p in params if hasattr(p, "placements")] if dims.tp_enabled else [],
+        parts=parts,
         saves=AsyncSaves(cfg.checkpoint.async_mode),
         sync=build_sync(
             cfg.sync,

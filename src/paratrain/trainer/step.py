@@ -23,6 +23,8 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
     step = run.state.step + 1  # the step being taken, from 1
     cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
+    if work.step is not None:  # the task's own step (a GAN: two models, two optimizers)
+        return work.step(run, next(batches))
     with run.step_context():  # loss_parallel under TP: forward and backward inside it
         if run.pipe is not None:  # forward and backward of every micro-batch, stage by stage
             batch = next(batches)

@@ -1,0 +1,281 @@
+"""A GAN (seed 001 §6's case study): a DCGAN generator and discriminator on real MNIST digits,
+each under its own data-parallel wrapper (DDP or FSDP2), each with its own optimizer, trained by
+the usual alternating step:
+
+1. the discriminator learns to say 1 for real images and 0 for generated ones (the generator's
+   output detached: only the discriminator learns here);
+2. the generator learns to make the updated discriminator say 1 for its images.
+
+Metrics that mean something for a GAN: both losses, the discriminator's held-out accuracy, a
+grid of samples from fixed noise in the run folder after every epoch (samples/epoch_<e>.png),
+and with `gan.classifier` two scores on a small MNIST classifier paratrain trained
+(tasks/gan_score.py: a Fréchet distance on its features and the Inception Score's formula).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from paratrain.data.device import DeviceLoader
+from paratrain.data.loader import build_data
+from paratrain.distributed import process_group as pg
+from paratrain.models.gan import GAN, GanSpec
+from paratrain.parallel.apply import gradient_sync
+from paratrain.profiling import phase
+from paratrain.tasks import Workload
+from paratrain.tasks.image_classification import preflight as image_preflight
+
+
+@dataclass(kw_only=True)
+class GanConfig:
+    latent_dim: int = 100
+    """Length of the generator's noise vector z (DCGAN's 100)."""
+    width: int = 64
+    """Channels of the first discriminator / last generator layer (the others double it)."""
+    norm: Literal["batch", "none"] = "batch"
+    """BatchNorm as in DCGAN, or none. BatchNorm normalises each rank's own share of the batch,
+    so only `none` makes N ranks the same computation as one process with the N-fold batch."""
+    classifier: str | None = None
+    """The folder of a paratrain image_classification run on the same data (28x28): scores the
+    generated digits after every epoch (fid_classifier, classifier_score); none: no score."""
+    grid: int = 64
+    """Samples in each epoch's picture (from the same fixed noise every time)."""
+
+    def __post_init__(self) -> None:
+        for key in ("latent_dim", "width", "grid"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
+
+
+def check(cfg) -> None:
+    p = cfg.parallel
+    if p.tp != 1 or p.pp != 1 or cfg.strategy in ("tp", "pipeline", "split", "dp"):
+        raise ValueError(
+            f"strategy: {cfg.strategy}: the gan task trains with single, ddp-* or fsdp (each "
+            "model under its own wrapper)"
+        )
+    if cfg.sync.mode != "every_step":
+        raise ValueError(f"sync.mode: {cfg.sync.mode}: the gan task synchronises every step")
+    if cfg.train.grad_accum_steps != 1:
+        raise ValueError(
+            "train.grad_accum_steps: the gan task's alternating step takes one batch per update"
+        )
+    if cfg.data.image_size not in (None, 28):
+        raise ValueError(
+            f"data.image_size: the DCGAN here draws 28x28 images, got {cfg.data.image_size}"
+        )
+    if cfg.ddp.gradient_compression != "none":
+        raise ValueError("ddp.gradient_compression: not offered for the gan task")
+
+
+def preflight(cfg, cuda: bool, dims) -> None:
+    image_preflight(cfg, cuda, dims)
+    if cfg.gan.classifier:
+        from paratrain.tasks.gan_score import classifier_folder
+
+        classifier_folder(cfg.gan.classifier)
+
+
+def _bce(logits: torch.Tensor, target: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(
+        logits.float(), torch.full_like(logits.float(), target)
+    )
+
+
+def _no_single_loss(model, batch):
+    raise AssertionError("the gan task trains through its own step (Workload.step)")
+
+
+def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+    g, device = cfg.gan, env.device
+    data = build_data(
+        cfg.data,
+        sampler_mode=cfg.data.sampler,
+        rank=dims.dp_rank,
+        world=dims.dp_size,
+        seed=cfg.seed,
+        device=device,
+        loader_batch=loader_batch,
+        even_val=collective_forward,
+    )
+    src = data.source
+    model = GAN(g.latent_dim, g.width, src.channels, g.norm).to(device, policy.param_dtype)
+    mean = torch.as_tensor(src.mean, device=device).view(1, -1, 1, 1)
+    std = torch.as_tensor(src.std, device=device).view(1, -1, 1, 1)
+
+    def to_gan(x: torch.Tensor) -> torch.Tensor:
+        """The loader's normalised images -> [-1, 1], the generator's tanh range."""
+        return ((x * std + mean) * 2 - 1).to(policy.param_dtype)
+
+    def to_data(x: torch.Tensor) -> torch.Tensor:
+        """Generated images -> normalised like the data (what the classifier takes)."""
+        return ((x.float() + 1) / 2 - mean) / std
+
+    def noise(seed: int, n: int) -> torch.Tensor:
+        """This rank's rows of the whole batch's noise: the DistributedSampler's rank r takes
+        samples r, r+W, ... so rows r, r+W, ... are its; N ranks then draw what one process
+        with the N-fold batch draws."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        world, rank = dims.dp_size, dims.dp_rank
+        z = torch.randn(n * world, g.latent_dim, 1, 1, generator=gen, device=device)
+        return z[rank::world].to(policy.param_dtype)
+
+    def loader(source, prefetch: bool) -> DeviceLoader:
+        return DeviceLoader(
+            source,
+            device,
+            dtype=policy.param_dtype,
+            size=cfg.data.image_size,
+            mean=src.mean,
+            std=src.std,
+            finish_on_device=cfg.data.resize_on == "gpu",
+            non_blocking=cfg.data.non_blocking,
+            channels_last=False,
+            prefetch=prefetch,
+        )
+
+    def step(run, batch) -> tuple[torch.Tensor, None, bool]:
+        """One alternating update; -> (discriminator + generator loss, no tokens, applied)."""
+        from paratrain.trainer.step import finite_everywhere
+
+        G, D = run.parts["generator"], run.parts["discriminator"]
+        opt_g, opt_d = run.optimizer
+        scaler, cuda = run.scaler, device.type == "cuda"
+        real = to_gan(batch[0])
+        n = len(real)
+        z = noise(cfg.seed * 1_000_003 + run.state.step, n)
+
+        def backward(loss):
+            (scaler.scale(loss) if scaler else loss).backward()
+
+        def update(opt):
+            scaler.step(opt) if scaler else opt.step()
+
+        def skip(loss):
+            for opt in (opt_d, opt_g):
+                opt.zero_grad(set_to_none=True)
+            return loss.detach(), None, False
+
+        # 1. the discriminator, on a batch of real and a batch of generated images (apart:
+        # BatchNorm's statistics per kind, as in PyTorch's DCGAN example). Their gradients add
+        # up locally and are all-reduced (DDP) or reduce-scattered (FSDP) once, after the second.
+        with gradient_sync(D, enabled=False):
+            with phase("forward", cuda), policy.autocast():
+                loss_real = _bce(D(real), 1.0)
+            with phase("backward", cuda):
+                backward(loss_real)
+        with phase("forward", cuda), policy.autocast():
+            fake = G(z)
+            loss_fake = _bce(D(fake.detach()), 0.0)
+        with phase("backward", cuda):
+            backward(loss_fake)
+        loss_d = loss_real.detach() + loss_fake.detach()
+        if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_d):
+            return skip(loss_d)
+        with phase("optimizer", cuda):
+            update(opt_d)
+            opt_d.zero_grad(set_to_none=True)
+        # 2. the generator, through the updated discriminator. The discriminator's own
+        # gradients from this backward are dropped: under DDP their all-reduce is skipped
+        # (no_sync). FSDP2 would keep unsynchronised gradients apart from .grad, where
+        # zero_grad does not reach them, so there they are reduced and dropped.
+        with gradient_sync(D, enabled=run.wrapper != "ddp"):
+            with phase("forward", cuda), policy.autocast():
+                loss_g = _bce(D(fake), 1.0)
+            with phase("backward", cuda):
+                backward(loss_g)
+        opt_d.zero_grad(set_to_none=True)
+        if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_g):
+            return skip(loss_d + loss_g)
+        with phase("optimizer", cuda):
+            update(opt_g)
+            if scaler:
+                scaler.update()
+            opt_g.zero_grad(set_to_none=True)
+        return (loss_d + loss_g).detach(), None, True
+
+    scorer_model = None
+    if g.classifier:
+        from paratrain.tasks.gan_score import load_classifier
+
+        scorer_model = load_classifier(g.classifier, cfg.data.source, device)
+    evaluations = [0]
+    fixed = torch.Generator(device=device).manual_seed(cfg.seed + 12345)
+    grid_z = torch.randn(g.grid, g.latent_dim, 1, 1, generator=fixed, device=device)
+
+    @torch.no_grad()
+    def evaluate(model, val) -> dict[str, float]:
+        """Held-out: both losses and the discriminator's accuracy on real vs generated images,
+        the classifier's scores, and the epoch's sample grid (rank 0 writes it)."""
+        from paratrain.tasks.gan_score import Scorer
+
+        model.eval()
+        scorer = Scorer(scorer_model, device) if scorer_model is not None else None
+        sums = [0.0, 0.0, 0.0, 0.0]  # d loss x n, g loss x n, correct, n
+        for i, (x, _) in enumerate(val):
+            real = to_gan(x)
+            n = len(real)
+            z = noise(cfg.seed * 7_919 + i, n)
+            with policy.autocast():
+                fake = model.generator(z)
+                logits = model.discriminator(torch.cat([real, fake])).float()
+            d = _bce(logits[:n], 1.0) + _bce(logits[n:], 0.0)
+            sums[0] += float(d) * n
+            sums[1] += float(_bce(logits[n:], 1.0)) * n
+            sums[2] += float((logits[:n] > 0).sum() + (logits[n:] < 0).sum()) / 2
+            sums[3] += n
+            if scorer is not None:
+                scorer.add(x.float(), to_data(fake))
+        d_sum, g_sum, correct, count = pg.all_reduce_sum(sums, device)
+        out = {}
+        if count:
+            out = {
+                "val_d_loss": d_sum / count,
+                "val_g_loss": g_sum / count,
+                "val_d_accuracy": correct / count,
+            }
+        if scorer is not None:
+            out.update(scorer.result())
+        with policy.autocast():  # every rank: under FSDP the generator's forward is collective
+            images = model.generator(grid_z.to(policy.param_dtype)).float()
+        evaluations[0] += 1
+        work = workload
+        if env.is_main and work.out_dir is not None:
+            from torchvision.utils import save_image
+
+            folder = work.out_dir / "samples"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"epoch_{evaluations[0]}.png"
+            save_image((images + 1) / 2, path, nrow=int(g.grid**0.5))
+            work.info["samples"] = str(path)
+        return out
+
+    workload = Workload(
+        model=model,
+        spec=GanSpec(),
+        train=loader(data.train, cfg.data.prefetch_to_device),
+        val=loader(data.val, False) if data.val is not None else None,
+        sampler=data.sampler,
+        loss=_no_single_loss,
+        evaluate=evaluate,
+        parts={"generator": model.generator, "discriminator": model.discriminator},
+        step=step,
+        info={
+            "data_real": src.real,
+            "pin_memory": data.train.pin_memory,
+            "latent_dim": g.latent_dim,
+            "norm": g.norm,
+            "parameters": {
+                "generator": sum(p.numel() for p in model.generator.parameters()),
+                "discriminator": sum(p.numel() for p in model.discriminator.parameters()),
+            },
+            "score": "classifier features (fid_classifier), classifier_score"
+            if g.classifier
+            else None,
+        },
+    )
+    return workload
