@@ -20,13 +20,13 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from paratrain.data.device import DeviceLoader
 from paratrain.data.loader import build_data
 from paratrain.distributed import process_group as pg
 from paratrain.models.gan import GAN, GanSpec
 from paratrain.parallel.apply import gradient_sync
 from paratrain.profiling import phase
 from paratrain.tasks import Workload
+from paratrain.tasks.image_classification import image_loader
 from paratrain.tasks.image_classification import preflight as image_preflight
 
 
@@ -124,19 +124,8 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         z = torch.randn(n * world, g.latent_dim, 1, 1, generator=gen, device=device)
         return z[rank::world].to(policy.param_dtype)
 
-    def loader(source, prefetch: bool) -> DeviceLoader:
-        return DeviceLoader(
-            source,
-            device,
-            dtype=policy.param_dtype,
-            size=cfg.data.image_size,
-            mean=src.mean,
-            std=src.std,
-            finish_on_device=cfg.data.resize_on == "gpu",
-            non_blocking=cfg.data.non_blocking,
-            channels_last=False,
-            prefetch=prefetch,
-        )
+    def loader(source, prefetch: bool):
+        return image_loader(cfg, data, source, device, policy, prefetch)
 
     def step(run, batch) -> tuple[torch.Tensor, None, bool]:
         """One alternating update; -> (discriminator + generator loss, no tokens, applied)."""

@@ -64,6 +64,23 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     return {"val_accuracy": sums["correct"] / max(sums["total"], 1)}
 
 
+def image_loader(cfg, data, loader, device, policy, prefetch: bool) -> DeviceLoader:
+    """One loader of build_data's images on the device: copied, resized (resize_on=gpu) and
+    normalised there (also the gan task's)."""
+    return DeviceLoader(
+        loader,
+        device,
+        dtype=policy.param_dtype,
+        size=cfg.data.image_size,
+        mean=data.source.mean,
+        std=data.source.std,
+        finish_on_device=cfg.data.resize_on == "gpu",
+        non_blocking=cfg.data.non_blocking,
+        channels_last=cfg.train.channels_last,
+        prefetch=prefetch,
+    )
+
+
 def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
     # Data-parallel ranks read different batches; a pipeline's stages and a tensor-parallel
     # group's ranks read the same ones (the first stage uses the images, the last the labels).
@@ -84,18 +101,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         model = model.to(memory_format=torch.channels_last)
 
     def device_loader(loader, prefetch: bool) -> DeviceLoader:
-        return DeviceLoader(
-            loader,
-            env.device,
-            dtype=policy.param_dtype,
-            size=cfg.data.image_size,
-            mean=data.source.mean,
-            std=data.source.std,
-            finish_on_device=cfg.data.resize_on == "gpu",
-            non_blocking=cfg.data.non_blocking,
-            channels_last=cfg.train.channels_last,
-            prefetch=prefetch,
-        )
+        return image_loader(cfg, data, loader, env.device, policy, prefetch)
 
     def loss(model, batch):
         x, y = batch

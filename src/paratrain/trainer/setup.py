@@ -230,6 +230,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
             "sync.simulated_gbps: a simulation for CPU processes (its delayed futures carry no "
             "CUDA stream order); use device=cpu, or a real link"
         )
+
     # ---- applied from outside the model, in a fixed order (parallel/apply.py)
     def apply(module: nn.Module, compile_units, stages=None) -> tuple[nn.Module, nn.Module]:
         return parallelize(
