@@ -94,6 +94,7 @@ class BertSpec:
     tensor-parallel plan (yet)."""
 
     family = "bert"
+    flops_formula = FLOPS_FORMULA
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return list(encoder(model).encoder.layer)

@@ -77,6 +77,7 @@ class GanSpec:
     checkpointing recomputes) are its top-level Sequential children."""
 
     family = "gan"
+    flops_formula = None
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return [m for m in model.children() if any(True for _ in m.parameters())]

@@ -28,6 +28,7 @@ from torch import nn
 
 class ModelSpec(Protocol):
     family: str
+    flops_formula: str | None  # what flops_per_token counts, quoted in result.json
 
     def blocks(self, model: nn.Module) -> list[nn.Module]: ...
 

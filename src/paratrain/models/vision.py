@@ -170,6 +170,7 @@ class VisionSpec:
     """Image classifiers: blocks are the trunk's, the pipeline chain is stem / blocks / head."""
 
     family = "vision"
+    flops_formula = None  # images count samples, not tokens
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return trunk_blocks(model)

@@ -192,7 +192,6 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         from paratrain.tasks.gan_score import load_classifier
 
         scorer_model = load_classifier(g.classifier, cfg.data.source, device)
-    evaluations = [0]
     fixed = torch.Generator(device=device).manual_seed(cfg.seed + 12345)
     grid_z = torch.randn(g.grid, g.latent_dim, 1, 1, generator=fixed, device=device)
 
@@ -231,14 +230,15 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             out.update(scorer.result())
         with policy.autocast():  # every rank: under FSDP the generator's forward is collective
             images = model.generator(grid_z.to(policy.param_dtype)).float()
-        evaluations[0] += 1
         work = workload
         if env.is_main and work.out_dir is not None:
             from torchvision.utils import save_image
 
             folder = work.out_dir / "samples"
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"epoch_{evaluations[0]}.png"
+            # the epoch just trained, as the console and result.json number it (a resumed run
+            # continues the numbering)
+            path = folder / f"epoch_{data.sampler.epoch}.png"
             save_image((images + 1) / 2, path, nrow=int(g.grid**0.5))
             work.info["samples"] = str(path)
         return out

@@ -15,7 +15,6 @@ from paratrain import metrics
 from paratrain.config import for_task
 from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
-from paratrain.models.causal_lm.spec import FLOPS_FORMULA
 from paratrain.parallel import STRATEGIES
 from paratrain.parallel.ddp import unwrap
 from paratrain.tasks import counts_tokens
@@ -126,7 +125,7 @@ def build(
         peak_fp8 = metrics.peak_fp8_flops(device) if fp8 else None
         summary["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
         summary["mfu_basis"] = {
-            "formula": FLOPS_FORMULA,
+            "formula": getattr(work.spec, "flops_formula", None),
             "model_flops_per_token": work.flops_per_token,
             "achieved_flops_per_device": achieved,
             "peak_flops_bf16_dense": peak_flops,

@@ -78,8 +78,15 @@ def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
             raise UserError(f"parallel.pp: {pp} is refused: {layout.no_pipeline}")
 
 
+FLOPS_FORMULA = (
+    "full: 6N + 12*layers*hidden*seq_len; LoRA: 4N + 12*layers*hidden*seq_len + 6*adapters; "
+    "N = matmul weights (all parameters but the embedding tables; a tied lm_head counted)"
+)
+
+
 class CausalLMSpec:
     family = "causal_lm"
+    flops_formula = FLOPS_FORMULA
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return decoder_layers(model)
@@ -226,12 +233,6 @@ class CausalLMSpec:
             return 6 * base + attention
         adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
         return 4 * base + attention + 6 * adapters
-
-
-FLOPS_FORMULA = (
-    "full: 6N + 12*layers*hidden*seq_len; LoRA: 4N + 12*layers*hidden*seq_len + 6*adapters; "
-    "N = matmul weights (all parameters but the embedding tables; a tied lm_head counted)"
-)
 
 
 def _cut(model: nn.Module, keep: set[int], first: bool, last: bool) -> None:
