@@ -241,8 +241,8 @@ def test_print_config_shows_resolved_values(capsys):
 def test_recipes_in_repo_all_load():
     from conftest import RECIPES
 
-    recipes = sorted(RECIPES.glob("*.yaml"))
-    assert recipes
+    recipes = sorted(RECIPES.glob("*.yaml")) + sorted((RECIPES / "cases").glob("*.yaml"))
+    assert len(recipes) > 15
     for recipe in recipes:
         cfg = load_config(recipe)
         assert dataclasses.is_dataclass(cfg)

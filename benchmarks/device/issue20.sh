@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Issue 20 on one H200: each case study, paratrain beside the plain loop of the same case, in
+# one lease. MODE picks a call (each fits the 10-minute limit):
+#   images  ResNet-50 with the seed's set-up (fp32, SGD lr 0.01, batch 32) against the plain
+#           seed-style DDP script (peers/plain.py), and both in bf16, paratrain with its levers;
+#           the GAN (DCGAN, bf16, batch 128) against plain_gan.py; then the quality run: an
+#           MNIST classifier trained by paratrain, the GAN 10 epochs scored on it, the last
+#           epoch's sample grid back as gan_samples.png
+#   gpt2    GPT-2 124M trained in full (bf16 autocast, fp32 weights, 8 x 1,024 tokens) against
+#           the plain transformers loop (peers/hf_lora.py, lora off), eager and compiled; then
+#           gpt2_python_docs.yaml (real text, 200 steps, held-out loss)
+#   bert    BERT-base masked LM (bf16, 32 x 512 tokens) against the plain transformers loop with
+#           DataCollatorForLanguageModeling (peers/hf_bert.py), eager and compiled; then
+#           bert_mlm_python_docs.yaml (real text, 200 steps)
+#   device run (kind nvidia-h200, carry .whl .commit):  MODE=images bash benchmarks/device/issue20.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+DEV=${DEV:-cuda}; MODE=${MODE:-images}; STEPS=${STEPS:-60}
+{ nvidia-smi -L 2>/dev/null; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; echo "commit $PARATRAIN_COMMIT"; echo "MODE=$MODE STEPS=$STEPS"; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+LIMIT=${LIMIT:-300}
+sets() { for s in "$@" ${EXTRA:-}; do printf -- '--set %s ' "$s"; done; }
+pt() {  # name recipe|"" settings...: a paratrain run -> /tmp/r_<name>/result.json
+  local n=$1 recipe=$2; shift 2
+  rm -rf /tmp/r_$n
+  timeout $LIMIT python3 -m paratrain run $recipe $(sets "$@") --output-dir /tmp/r_$n > /tmp/r_$n.log 2>&1 || { echo "FAILED $n"; tail -5 /tmp/r_$n.log; }
+  grep "^paratrain: " /tmp/r_$n.log | head -2 | tee -a "$OUT/lines.txt"
+}
+peer() {  # name program recipe settings...: the plain loop on the config paratrain would run
+  local n=$1 prog=$2 recipe=$3; shift 3
+  python3 -m paratrain run $recipe $(sets "$@") --print-config > /tmp/r_$n.yaml
+  rm -rf /tmp/r_$n
+  timeout $LIMIT python3 -m paratrain.bench.peers.$prog /tmp/r_$n.yaml /tmp/r_$n > /tmp/r_$n.log 2>&1 || { echo "FAILED $n"; tail -5 /tmp/r_$n.log; }
+  grep "^paratrain peer" /tmp/r_$n.log | tee -a "$OUT/lines.txt"
+}
+table() {  # title name=... : a markdown table into rows.md
+  local title=$1; shift
+  { echo; echo "### $title"; echo; python3 benchmarks/device/case_rows.py "$@"; } | tee -a "$OUT/rows.md"
+}
+COMMON="device=$DEV checkpoint.at_end=false train.eval=false log.progress=false train.max_steps=$STEPS train.warmup_steps=10"
+
+if [ "$MODE" = images ]; then
+  # ResNet-50 on synthetic grey 224x224 images (the peers draw 1-channel digits), 1,000 classes
+  R="recipes/cases/resnet50_seed_sgd.yaml"
+  RS="$COMMON strategy=single data.source=synthetic data.synthetic_samples=4096 data.synthetic_size=224 data.channels=1 data.num_classes=1000 data.num_workers=8"
+  peer r50_plain_fp32 plain "$R" $RS
+  pt r50_fp32 "$R" $RS
+  peer r50_plain_bf16 plain "$R" $RS precision=bf16
+  pt r50_bf16_levers "$R" $RS precision=bf16 train.channels_last=true train.cudnn_benchmark=true train.compile=true data.prefetch_to_device=true data.persistent_workers=true
+  table "ResNet-50, the seed's SGD set-up, batch 32, 1 H200" "plain seed-style fp32=/tmp/r_r50_plain_fp32/result.json" "paratrain fp32=/tmp/r_r50_fp32/result.json" "plain seed-style bf16=/tmp/r_r50_plain_bf16/result.json" "paratrain bf16 + channels_last + compile=/tmp/r_r50_bf16_levers/result.json"
+  G="recipes/cases/gan_mnist.yaml"
+  GS="$COMMON strategy=single train.max_steps=300 train.warmup_steps=20"
+  peer gan_plain plain_gan "$G" $GS
+  pt gan "$G" $GS
+  table "DCGAN on the MNIST sample, bf16, batch 128, 300 steps, 1 H200" "plain DCGAN loop=/tmp/r_gan_plain/result.json" "paratrain gan=/tmp/r_gan/result.json"
+  # quality: a classifier paratrain trains, then the GAN's 10 epochs scored on it every epoch
+  pt mnist_clf recipes/cases/mnist_classifier_cpu.yaml device=$DEV train.epochs=5 log.progress=false
+  pt gan_quality "$G" device=$DEV strategy=single gan.classifier=/tmp/r_mnist_clf log.progress=false
+  python3 - <<'PY' | tee -a "$OUT/rows.md"
+import json
+r = json.load(open("/tmp/r_gan_quality/result.json"))
+print("\n### GAN quality per epoch (classifier: paratrain's MNIST tiny_cnn, 5 epochs)\n")
+print("| epoch | D loss | G loss | D accuracy | fid_classifier | classifier_score |")
+print("|---:|---:|---:|---:|---:|---:|")
+for i, e in enumerate(r["epochs"]):
+    print(f"| {i} | {e.get('val_d_loss', 0):.3f} | {e.get('val_g_loss', 0):.3f} | {e.get('val_d_accuracy', 0):.3f} | {e.get('fid_classifier', float('nan')):.1f} | {e.get('classifier_score', float('nan')):.2f} |")
+c = json.load(open("/tmp/r_mnist_clf/result.json"))
+print(f"\nclassifier held-out accuracy {c['summary'].get('val_accuracy')}")
+PY
+  last=$(ls /tmp/r_gan_quality/samples/*.png | sort -V | tail -1); cp "$last" "$OUT/gan_samples.png"
+  cp /tmp/r_gan_quality/result.json "$OUT/gan_quality.json"
+  cp /tmp/r_r50_fp32/result.json "$OUT/r50_fp32.json"; cp /tmp/r_gan/result.json "$OUT/gan.json"
+fi
+
+if [ "$MODE" = gpt2 ]; then
+  LM="$COMMON strategy=single task=causal_lm data.source=synthetic-text model.init=random model.shape=gpt2 lora.enabled=false data.max_length=1024 data.batch_size=8 data.num_workers=0 precision=bf16"
+  C="train.compile=true train.fused_optimizer=true"
+  peer gpt2_plain_eager hf_lora "" $LM
+  peer gpt2_plain_compiled hf_lora "" $LM $C
+  pt gpt2_eager "" $LM
+  pt gpt2_compiled "" $LM $C
+  table "GPT-2 124M full training, bf16, 8 x 1,024 tokens, 1 H200" "plain transformers eager=/tmp/r_gpt2_plain_eager/result.json" "plain transformers compiled=/tmp/r_gpt2_plain_compiled/result.json" "paratrain eager=/tmp/r_gpt2_eager/result.json" "paratrain compiled=/tmp/r_gpt2_compiled/result.json"
+  pt gpt2_docs recipes/cases/gpt2_python_docs.yaml device=$DEV log.progress=false
+  cp /tmp/r_gpt2_compiled/result.json "$OUT/gpt2_compiled.json"; cp /tmp/r_gpt2_docs/result.json "$OUT/gpt2_docs.json"
+fi
+
+if [ "$MODE" = bert ]; then
+  LM="$COMMON strategy=single task=masked_lm data.source=synthetic-text model.init=random model.shape=bert-base data.max_length=512 data.batch_size=32 data.num_workers=2 precision=bf16"
+  C="train.compile=true train.fused_optimizer=true"
+  peer bert_plain_eager hf_bert "" $LM
+  peer bert_plain_compiled hf_bert "" $LM $C
+  pt bert_eager "" $LM
+  pt bert_compiled "" $LM $C
+  table "BERT-base masked LM, bf16, 32 x 512 tokens, 1 H200" "plain transformers eager=/tmp/r_bert_plain_eager/result.json" "plain transformers compiled=/tmp/r_bert_plain_compiled/result.json" "paratrain eager=/tmp/r_bert_eager/result.json" "paratrain compiled=/tmp/r_bert_compiled/result.json"
+  pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false
+  cp /tmp/r_bert_compiled/result.json "$OUT/bert_compiled.json"; cp /tmp/r_bert_docs/result.json "$OUT/bert_docs.json"
+fi
+MODE=$MODE python3 - <<'PY' | tee -a "$OUT/rows.md"
+import glob, json, os
+for p in sorted(glob.glob(f"/tmp/r_{os.environ['MODE']}_docs/result.json")):
+    r = json.load(open(p)); e = r["epochs"][-1]; s = r["summary"]
+    print(f"\n{p.split('/')[2]}: {s['optimizer_steps']} steps, {s.get('tokens_per_s', 0):,.0f} tokens/s, MFU {s.get('mfu') or 0:.1%}, last epoch {json.dumps({k: round(v, 4) for k, v in e.items() if isinstance(v, float)})}")
+PY
