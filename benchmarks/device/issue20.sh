@@ -51,13 +51,16 @@ if [ "$MODE" = images ]; then
   peer r50_plain_fp32 plain "$R" $RS
   pt r50_fp32 "$R" $RS
   peer r50_plain_bf16 plain "$R" $RS precision=bf16
-  pt r50_bf16_levers "$R" $RS precision=bf16 train.channels_last=true train.cudnn_benchmark=true train.compile=true data.prefetch_to_device=true data.persistent_workers=true
-  table "ResNet-50, the seed's SGD set-up, batch 32, 1 H200" "plain seed-style fp32=/tmp/r_r50_plain_fp32/result.json" "paratrain fp32=/tmp/r_r50_fp32/result.json" "plain seed-style bf16=/tmp/r_r50_plain_bf16/result.json" "paratrain bf16 + channels_last + compile=/tmp/r_r50_bf16_levers/result.json"
+  LEVERS="precision=bf16 train.channels_last=true train.cudnn_benchmark=true train.compile=true data.prefetch_to_device=true data.persistent_workers=true data.resize_on=gpu"
+  pt r50_bf16_levers "$R" $RS $LEVERS
+  pt r50_bf16_levers_noguard "$R" $RS $LEVERS train.max_bad_steps=-1
+  table "ResNet-50, the seed's SGD set-up, batch 32, 1 H200" "plain seed-style fp32=/tmp/r_r50_plain_fp32/result.json" "paratrain fp32=/tmp/r_r50_fp32/result.json" "plain seed-style bf16=/tmp/r_r50_plain_bf16/result.json" "paratrain bf16 + channels_last + compile + uint8 to the GPU=/tmp/r_r50_bf16_levers/result.json" "the same, NaN guard off=/tmp/r_r50_bf16_levers_noguard/result.json"
   G="recipes/cases/gan_mnist.yaml"
   GS="$COMMON strategy=single train.max_steps=300 train.warmup_steps=20"
   peer gan_plain plain_gan "$G" $GS
   pt gan "$G" $GS
-  table "DCGAN on the MNIST sample, bf16, batch 128, 300 steps, 1 H200" "plain DCGAN loop=/tmp/r_gan_plain/result.json" "paratrain gan=/tmp/r_gan/result.json"
+  pt gan_noguard "$G" $GS train.max_bad_steps=-1
+  table "DCGAN on the MNIST sample, bf16, batch 128, 300 steps, 1 H200" "plain DCGAN loop=/tmp/r_gan_plain/result.json" "paratrain gan=/tmp/r_gan/result.json" "paratrain gan, NaN guard off=/tmp/r_gan_noguard/result.json"
   # quality: a classifier paratrain trains, then the GAN's 10 epochs scored on it every epoch
   pt mnist_clf recipes/cases/mnist_classifier_cpu.yaml device=$DEV train.epochs=5 log.progress=false
   pt gan_quality "$G" device=$DEV strategy=single gan.classifier=/tmp/r_mnist_clf log.progress=false
@@ -96,7 +99,8 @@ if [ "$MODE" = bert ]; then
   peer bert_plain_compiled hf_bert "" $LM $C
   pt bert_eager "" $LM
   pt bert_compiled "" $LM $C
-  table "BERT-base masked LM, bf16, 32 x 512 tokens, 1 H200" "plain transformers eager=/tmp/r_bert_plain_eager/result.json" "plain transformers compiled=/tmp/r_bert_plain_compiled/result.json" "paratrain eager=/tmp/r_bert_eager/result.json" "paratrain compiled=/tmp/r_bert_compiled/result.json"
+  pt bert_compiled_noguard "" $LM $C train.max_bad_steps=-1
+  table "BERT-base masked LM, bf16, 32 x 512 tokens, 1 H200" "plain transformers eager=/tmp/r_bert_plain_eager/result.json" "plain transformers compiled=/tmp/r_bert_plain_compiled/result.json" "paratrain eager=/tmp/r_bert_eager/result.json" "paratrain compiled=/tmp/r_bert_compiled/result.json" "paratrain compiled, NaN guard off=/tmp/r_bert_compiled_noguard/result.json"
   pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false
   cp /tmp/r_bert_compiled/result.json "$OUT/bert_compiled.json"; cp /tmp/r_bert_docs/result.json "$OUT/bert_docs.json"
 fi

@@ -76,3 +76,40 @@ def test_batch_layout_does_not_change_a_rows_mask():
     order = torch.tensor([4, 0, 5, 2])  # another rank's batch: other rows, other order
     part = mask_batch(ids[order], maskable[order], indices[order], **kw)
     assert torch.equal(part[0], whole[0][order]) and torch.equal(part[1], whole[1][order])
+
+
+def test_loader_workers_mask_for_the_epoch_the_training_process_sets():
+    """masked_lm masks in the loader workers: a persistent worker reads the epoch from shared
+    memory, so each epoch's batches carry that epoch's masks (as one process computes them)."""
+    from torch.utils.data import DataLoader
+
+    from paratrain.data.samplers import EpochSampler
+    from paratrain.tasks.masked_lm import EpochFed, MaskedCollate, MaskedRows
+
+    rows = [row(40, seed=s)[0][:40].tolist() for s in range(8)]
+    specials = torch.tensor([256, 257, 258, 259])
+    kw = dict(seed=3, mask_id=MASK_ID, vocab_size=VOCAB)
+
+    def batches(epoch_box, workers):
+        sampler = EpochSampler(torch.utils.data.SequentialSampler(rows))
+        data = MaskedRows(rows, specials, epoch=epoch_box, **kw)
+        loader = DataLoader(
+            data,
+            batch_size=4,
+            sampler=sampler,
+            collate_fn=MaskedCollate(256),
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+        fed, out = EpochFed(loader, sampler, epoch_box), []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            out.append([b["labels"] for b in fed])
+        return out
+
+    with_workers = batches(torch.zeros((), dtype=torch.int64).share_memory_(), 1)
+    in_process = batches(torch.zeros((), dtype=torch.int64), 0)
+    for epoch in range(2):
+        for a, b in zip(with_workers[epoch], in_process[epoch], strict=True):
+            assert torch.equal(a, b)
+    assert not torch.equal(with_workers[0][0], with_workers[1][0])  # a new mask each epoch

@@ -14,7 +14,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.lm import encoder as enc
-from paratrain.lm.masking import IGNORE, mask_batch
+from paratrain.lm.masking import IGNORE, mask_row, sample_generator
 from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
 from paratrain.tasks import Workload
 
@@ -109,36 +109,27 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             f"data-parallel rank ({loader_batch} x {dims.dp_size})"
         )
     pin = d.pin_memory and env.device.type == "cuda"
+    specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+    mask = dict(seed=cfg.seed, mask_id=tokenizer.mask_token_id, vocab_size=len(tokenizer))
+    # the epoch the training rows are masked for: shared memory, so that loader workers (which
+    # mask, off the training process) read what the training process sets before each epoch
+    epoch = torch.zeros((), dtype=torch.int64).share_memory_()
     train, val, sampler = rank_loaders(
-        enc.Rows(train_rows),
-        enc.Rows(val_rows) if val_rows else None,
+        MaskedRows(train_rows, specials, epoch=epoch, **mask),
+        MaskedRows(val_rows, specials, epoch=torch.tensor(VAL_EPOCH), **mask) if val_rows else None,
         d,
         rank=dims.dp_rank,
         world=dims.dp_size,
         seed=cfg.seed,
         loader_batch=loader_batch,
         even_val=True,  # under FSDP every forward is a collective: the same count everywhere
-        collate_fn=enc.Collate(tokenizer.pad_token_id),
+        collate_fn=MaskedCollate(tokenizer.pad_token_id),
         num_workers=loader_workers(d.num_workers),
         pin_memory=pin,
     )
-    specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
 
-    def masked(batch, epoch: int) -> dict:
-        """Corrupts the batch on the host, keyed by each row's index (lm/masking.py)."""
-        ids, attention = batch["input_ids"], batch["attention_mask"]
-        maskable = attention.bool() & ~torch.isin(ids, specials)
-        ids, labels = mask_batch(
-            ids,
-            maskable,
-            batch["tag"],
-            seed=cfg.seed,
-            epoch=epoch,
-            mask_id=tokenizer.mask_token_id,
-            vocab_size=len(tokenizer),
-        )
-        out = {"input_ids": ids, "attention_mask": attention, "labels": labels}
-        return {k: v.to(env.device, non_blocking=d.non_blocking) for k, v in out.items()}
+    def on_device(batch) -> dict:
+        return {k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()}
 
     def loss(model, batch):
         # tokens: every real token runs through the model (what MFU counts), not only the
@@ -168,8 +159,8 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     return Workload(
         model=model,
         spec=spec,
-        train=OnDevice(train, lambda batch: masked(batch, sampler.epoch)),
-        val=OnDevice(val, lambda batch: masked(batch, VAL_EPOCH)) if val is not None else None,
+        train=OnDevice(EpochFed(train, sampler, epoch), on_device),
+        val=OnDevice(val, on_device) if val is not None else None,
         sampler=sampler,
         loss=loss,
         evaluate=evaluate,
@@ -183,3 +174,57 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "parameters": sum(p.numel() for p in model.parameters()),
         },
     )
+
+
+class MaskedRows(torch.utils.data.Dataset):
+    """[CLS] piece [SEP] rows, each corrupted when read (in the loader workers) by the key
+    (seed, epoch, its index): lm/masking.py -> (corrupted ids, labels)."""
+
+    def __init__(self, rows, specials, *, epoch: torch.Tensor, seed, mask_id, vocab_size):
+        self.rows, self.specials, self.epoch = rows, specials, epoch
+        self.seed, self.mask_id, self.vocab_size = seed, mask_id, vocab_size
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(self.rows[i])
+        return mask_row(
+            ids,
+            ~torch.isin(ids, self.specials),
+            mask_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            generator=sample_generator(self.seed, int(self.epoch), i),
+        )
+
+
+class MaskedCollate:
+    """Pads to the batch's longest row (ids with [PAD], labels with IGNORE) -> input_ids,
+    attention_mask, labels."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, batch) -> dict[str, torch.Tensor]:
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (x, y) in enumerate(batch):
+            ids[row, : len(x)], labels[row, : len(y)], attention[row, : len(x)] = x, y, 1
+        return {"input_ids": ids, "attention_mask": attention, "labels": labels}
+
+
+class EpochFed:
+    """The training loader: before each epoch's first batch, the epoch its rows are masked for
+    is set where the workers read it."""
+
+    def __init__(self, loader, sampler, epoch: torch.Tensor):
+        self.loader, self.sampler, self.epoch = loader, sampler, epoch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        self.epoch.fill_(self.sampler.epoch)
+        return iter(self.loader)
