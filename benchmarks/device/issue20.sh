@@ -12,6 +12,7 @@
 #   bert    BERT-base masked LM (bf16, 32 x 512 tokens) against the plain transformers loop with
 #           DataCollatorForLanguageModeling (peers/hf_bert.py), eager and compiled; then
 #           bert_mlm_python_docs.yaml (real text, 200 steps)
+#   DOCS_STEPS: the real-text runs' steps (200 by default)
 #   device run (kind nvidia-h200, carry .whl .commit):  MODE=images bash benchmarks/device/issue20.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -89,7 +90,7 @@ if [ "$MODE" = gpt2 ]; then
   pt gpt2_eager "" $LM
   pt gpt2_compiled "" $LM $C
   table "GPT-2 124M full training, bf16, 8 x 1,024 tokens, 1 H200" "plain transformers eager=/tmp/r_gpt2_plain_eager/result.json" "plain transformers compiled=/tmp/r_gpt2_plain_compiled/result.json" "paratrain eager=/tmp/r_gpt2_eager/result.json" "paratrain compiled=/tmp/r_gpt2_compiled/result.json"
-  pt gpt2_docs recipes/cases/gpt2_python_docs.yaml device=$DEV log.progress=false
+  pt gpt2_docs recipes/cases/gpt2_python_docs.yaml device=$DEV log.progress=false train.max_steps=${DOCS_STEPS:-200}
   cp /tmp/r_gpt2_compiled/result.json "$OUT/gpt2_compiled.json"; cp /tmp/r_gpt2_docs/result.json "$OUT/gpt2_docs.json"
 fi
 
@@ -102,7 +103,7 @@ if [ "$MODE" = bert ]; then
   pt bert_compiled "" $LM $C
   pt bert_compiled_noguard "" $LM $C train.max_bad_steps=-1
   table "BERT-base masked LM, bf16, 32 x 512 tokens, 1 H200" "plain transformers eager=/tmp/r_bert_plain_eager/result.json" "plain transformers compiled=/tmp/r_bert_plain_compiled/result.json" "paratrain eager=/tmp/r_bert_eager/result.json" "paratrain compiled=/tmp/r_bert_compiled/result.json" "paratrain compiled, NaN guard off=/tmp/r_bert_compiled_noguard/result.json"
-  pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false
+  pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false train.max_steps=${DOCS_STEPS:-200}
   cp /tmp/r_bert_compiled/result.json "$OUT/bert_compiled.json"; cp /tmp/r_bert_docs/result.json "$OUT/bert_docs.json"
 fi
 MODE=$MODE python3 - <<'PY' | tee -a "$OUT/rows.md"
