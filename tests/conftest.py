@@ -233,17 +233,5 @@ def launch(out, *settings, nproc=2):
     return out
 
 
-def resumed_matches(tmp_path, full, settings, at):
-    """Resume `full`'s run from its checkpoint at step `at`: the same final weights, bit for
-    bit, after the remaining steps only."""
-    out = tmp_path / "resumed"
-    ckpt = full / "checkpoints" / f"step_{at:08d}"
-    run_cli(["run", *sets(*settings), "--nproc", 2, "--resume", ckpt, "--output-dir", out])
-    total = read_result(full)["summary"]["optimizer_steps"]
-    s = read_result(out)["summary"]
-    assert s["optimizer_steps"] == total and s["steps_this_run"] == total - at
-    assert max_abs_diff(final_weights(out), final_weights(full)) == 0.0
-
-
 def step_losses(out):
     return [json.loads(x)["loss"] for x in (out / "steps.jsonl").read_text().splitlines()]
