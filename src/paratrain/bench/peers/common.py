@@ -48,13 +48,19 @@ def require(library: str) -> None:
         raise SystemExit(3)
 
 
-def read_args(program: str) -> tuple[RunConfig, Path]:
+def read_config(program: str) -> tuple[RunConfig, Path]:
+    """argv CONFIG_YAML OUT_DIR -> (the config, the output folder); a bad one exits 2."""
     if len(sys.argv) != 3:
         fail(f"usage: python -m paratrain.bench.peers.{program} CONFIG_YAML OUT_DIR")
     try:
-        cfg = load_config(sys.argv[1])
+        return load_config(sys.argv[1]), Path(sys.argv[2])
     except UserError as e:  # ConfigError is a UserError: already one line
         fail(str(e))
+
+
+def read_args(program: str) -> tuple[RunConfig, Path]:
+    """read_config, then what the image peers implement (SUPPORTED)."""
+    cfg, out_dir = read_config(program)
     for key, accepted in SUPPORTED.items():
         value = operator.attrgetter(key)(cfg)
         if value not in accepted:
@@ -64,7 +70,7 @@ def read_args(program: str) -> tuple[RunConfig, Path]:
         fail("model.depthwise_conv: only paratrain and the speed-of-light program swap layers")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         fail("device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)")
-    return cfg, Path(sys.argv[2])
+    return cfg, out_dir
 
 
 def world() -> tuple[int, int, int]:

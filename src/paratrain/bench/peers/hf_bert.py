@@ -13,8 +13,6 @@ full): the baseline of the BERT case study (issue 20).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,18 +20,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from paratrain.bench.peers import common
-from paratrain.config import load_config
-from paratrain.errors import UserError
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        common.fail("usage: python -m paratrain.bench.peers.hf_bert CONFIG_YAML OUT_DIR")
-    try:
-        cfg = load_config(sys.argv[1])
-    except UserError as e:
-        common.fail(str(e))
-    out_dir = Path(sys.argv[2])
+    cfg, out_dir = common.read_config("hf_bert")
     if cfg.task != "masked_lm" or cfg.data.source != "synthetic-text" or cfg.model.path:
         common.fail("hf_bert: runs task=masked_lm, data.source=synthetic-text, a random shape")
     if cfg.precision not in ("bf16", "fp32"):

@@ -17,27 +17,17 @@ adds by hand, torch.compile on each decoder layer, and train.fused_optimizer=tru
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from paratrain.bench.peers import common
-from paratrain.config import load_config
 from paratrain.data.samplers import build_sampler
-from paratrain.errors import UserError
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        common.fail("usage: python -m paratrain.bench.peers.hf_lora CONFIG_YAML OUT_DIR")
-    try:
-        cfg = load_config(sys.argv[1])
-    except UserError as e:
-        common.fail(str(e))
-    out_dir = Path(sys.argv[2])
+    cfg, out_dir = common.read_config("hf_lora")
     if (
         cfg.data.source != "synthetic-text"
         or cfg.model.path is not None
