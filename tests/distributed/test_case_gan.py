@@ -77,7 +77,7 @@ def test_gan_resumed_under_fsdp_continues_the_ddp_run(tmp_path, gan_runs):
     assert max_abs_diff(final_weights(out), final_weights(ddp)) < TOL
 
 
-def test_gan_learns_and_draws_a_grid_each_epoch(tmp_path):
+def test_gan_learns_and_draws_a_grid_each_epoch(tmp_path, capsys):
     """Two short epochs with evaluation (in this process): both losses finite, a picture per
     epoch named as the console numbers the epoch."""
     out = tmp_path / "run"
@@ -91,3 +91,5 @@ def test_gan_learns_and_draws_a_grid_each_epoch(tmp_path):
         assert 0.0 <= e["val_d_accuracy"] <= 1.0
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["epoch_0.png", "epoch_1.png"]
     assert (out / "samples" / "epoch_1.png").read_bytes()[:4] == b"\x89PNG"
+    d, g = epochs[-1]["val_d_loss"], epochs[-1]["val_g_loss"]
+    assert f"held-out D loss {d:.4f}, G loss {g:.4f}" in capsys.readouterr().out

@@ -292,6 +292,16 @@ def print_summary(result: dict[str, Any]) -> None:
             if s.get("val_loss") is not None
             else "no held-out set"
         )
+    elif result["task"] == "gan":  # two losses, and the score when a classifier is given
+        rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
+        last = result["epochs"][-1] if result["epochs"] else {}
+        held = (
+            f"held-out D loss {last['val_d_loss']:.4f}, G loss {last['val_g_loss']:.4f}"
+            if "val_d_loss" in last
+            else "no held-out set"
+        )
+        if "fid_classifier" in last:
+            held += f", fid_classifier {last['fid_classifier']:.1f}"
     else:
         rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
         held = (
