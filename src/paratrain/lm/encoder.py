@@ -126,8 +126,8 @@ def encoder_tokenizer(path: str | None):
 
 
 class Rows(torch.utils.data.Dataset):
-    """(ids, tag) rows: tag is the class for classification, the row's own index for the
-    masked LM (its masks are keyed by it)."""
+    """(ids, tag) rows: tag is the class (text_classification; the masked LM reads its rows
+    through tasks/masked_lm.py's MaskedRows)."""
 
     def __init__(self, ids: list[list[int]], tags: list[int] | None = None):
         self.ids, self.tags = ids, tags

@@ -80,6 +80,18 @@ def world() -> tuple[int, int, int]:
     )
 
 
+def start(cfg: RunConfig) -> tuple[int, int, int, torch.device]:
+    """A peer's process: its device, the process group when torchrun started it, the float32
+    mode, the seed -> (rank, local_rank, world_size, device)."""
+    rank, local_rank, world_size = world()
+    device = pick_device(cfg, local_rank)
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    set_float32_mode(cfg.precision, device)
+    torch.manual_seed(cfg.seed)
+    return rank, local_rank, world_size, device
+
+
 def use_cuda(cfg: RunConfig) -> bool:
     return cfg.device != "cpu" and torch.cuda.is_available()  # read_args refused cuda without one
 

@@ -12,8 +12,6 @@ full): the baseline of the BERT case study (issue 20).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -34,12 +32,7 @@ def main() -> None:
     from paratrain.models.bert import SHAPES
     from paratrain.tasks.masked_lm import SYNTHETIC_ROWS
 
-    rank, local_rank, world_size = common.world()
-    device = common.pick_device(cfg, local_rank)
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    common.set_float32_mode(cfg.precision, device)
-    torch.manual_seed(cfg.seed)
+    rank, local_rank, world_size, device = common.start(cfg)
     config = BertConfig(**SHAPES[cfg.model.shape])
     config._attn_implementation = cfg.model.attn_implementation
     model = BertForMaskedLM(config).to(device)

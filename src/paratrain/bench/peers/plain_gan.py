@@ -11,8 +11,6 @@ the two rows differ in the loop only: the baseline of the GAN case study (issue 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -44,12 +42,7 @@ def main() -> None:
     cfg, out_dir = common.read_args("plain_gan")
     if cfg.task != "gan" or cfg.data.source != "mnist-sample":
         common.fail("plain_gan: runs task=gan on data.source=mnist-sample")
-    rank, local_rank, world_size = common.world()
-    device = common.pick_device(cfg, local_rank)
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    common.set_float32_mode(cfg.precision, device)
-    torch.manual_seed(cfg.seed)
+    rank, local_rank, world_size, device = common.start(cfg)
     g = cfg.gan
     model = GAN(g.latent_dim, g.width, 1, g.norm).to(device)
     G, D = model.generator, model.discriminator
