@@ -118,9 +118,9 @@ BAD = [
         ["--set", "model.shape=tiny", "--set", "strategy=pipeline", "--nproc", "4"],
         "parallel.pp: 4 pipeline stages but the model has only 2 decoder layers",
     ),
-    (
-        ["--set", "model.shape=llama3.2-1b", "--set", "strategy=pipeline", "--nproc", "2"],
-        "parallel.pp: the model ties lm_head to the input embedding",
+    (  # GPT-2's config answers Llama's names (n_head through its attribute_map)
+        ["--set", "model.shape=tiny-gpt2", "--set", "strategy=tp", "--nproc", "8"],
+        "parallel.tp: 8 does not divide the model's num_attention_heads (4)",
     ),
     (
         ["--set", "model.shape=tiny", "--set", "strategy=pipeline", "--nproc", "1"],

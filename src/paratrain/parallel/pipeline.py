@@ -164,6 +164,8 @@ class Pipeline:
     hooks: PipelineHooks
     denominator: list = field(default_factory=lambda: [1])
     """The current batch's count of loss terms, read by the schedule's loss function."""
+    tied: TiedCopies | None = None
+    """A weight the model uses on the first and the last stage (a tied lm_head)."""
 
     @property
     def first(self) -> bool:  # holds the first stage: takes the inputs
@@ -177,16 +179,19 @@ class Pipeline:
         """Forward and backward of one batch in micro-batches -> the batch's mean loss on the
         last stage (None elsewhere)."""
         inputs, target, count = self.hooks.split(batch)
+        loss = None
         if self.first:
             self.schedule.step(inputs)
-            return None
-        if self.last:
+        elif self.last:
             self.denominator[0] = count
             losses: list[torch.Tensor] = []
             self.schedule.step(target=target, losses=losses)
-            return torch.stack([loss.detach() for loss in losses]).sum()
-        self.schedule.step()
-        return None
+            loss = torch.stack([loss.detach() for loss in losses]).sum()
+        else:
+            self.schedule.step()
+        if self.tied is not None:
+            self.tied.sum_grads()
+        return loss
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Iterable, autocast, batch_size: int):
@@ -217,6 +222,56 @@ class Pipeline:
         return self.hooks.summarize(dict(zip(keys, totals, strict=True)))
 
 
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter that several modules hold (a tied lm_head and embedding),
+    read from the whole model before it is cut into stages."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [n for n in names.values() if len(n) > 1]
+
+
+@dataclass
+class TiedCopies:
+    """A weight used by the first stage (the embedding) and the last (lm_head) exists on both
+    ranks as two copies, built equal. Each stage's backward gives its copy the gradient of its
+    own use; the weight's gradient is their sum (Megatron-LM's embedding group does the same),
+    so both copies are given it, on a group of the two ranks, and take the same optimizer step."""
+
+    params: list
+    """This rank's copies (none on the stages between)."""
+    group: Any
+    aliases: dict[str, list[str]] = field(default_factory=dict)
+    """{the name of this rank's copy: the weight's other names} (checkpoint.load_checkpoint)."""
+
+    def sum_grads(self) -> None:
+        import torch.distributed as dist
+
+        for p in self.params:
+            if p.grad is not None:  # a DTensor's shard (FSDP, TP) matches its peer's shard
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                dist.all_reduce(grad, group=self.group)
+
+
+def tied_copies(model: nn.Module, tied: list[list[str]], dims) -> TiedCopies | None:
+    """Every rank makes the groups (torch's new_group is collective): one per line of the pp
+    axis, its first and last rank, which hold the same shard of the copies under FSDP or TP."""
+    import torch.distributed as dist
+
+    if not tied:
+        return None
+    ranks = dims.mesh.mesh  # [pp, dp_replicate, dp_shard, tp]
+    lines = ranks.reshape(dims.pp, -1).t().tolist()
+    group = None
+    for line in lines:
+        g = dist.new_group([line[0], line[-1]])
+        if dist.get_rank() in (line[0], line[-1]):
+            group = g
+    names = {n: [o for o in same if o != n] for same in tied for n in same}
+    mine = [(n, p) for n, p in model.named_parameters() if n in names and p.requires_grad]
+    return TiedCopies([p for _, p in mine], group, {n: names[n] for n, _ in mine})
+
+
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((rows - len(t), *t.shape[1:]))])
 
@@ -227,6 +282,7 @@ def build_schedule(
     device: torch.device,
     cfg: PipelineConfig,
     hooks: PipelineHooks,
+    tied: TiedCopies | None = None,
 ) -> Pipeline:
     """The PipelineStages over this rank's (wrapped) stage modules and their schedule."""
     from torch.distributed.pipelining import (
@@ -242,7 +298,7 @@ def build_schedule(
         PipelineStage(module, index, total, device, group=group)
         for module, index in zip(stage_modules, mine, strict=True)
     ]
-    pipe = Pipeline(None, dims.pp_rank, dims.pp, device, hooks)
+    pipe = Pipeline(None, dims.pp_rank, dims.pp, device, hooks, tied=tied)
 
     def loss_fn(output, target):
         # summed over the micro-batch, divided by the whole batch's count: the micro-batches'

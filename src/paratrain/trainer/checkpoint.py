@@ -343,11 +343,16 @@ def load_checkpoint(
     scaler: Any,
     device: torch.device,
     layout: dict[str, Any] | None = None,
+    aliases: dict[str, list[str]] | None = None,
 ) -> tuple[LoopState, dict[str, Any]]:
     """Loads into this rank's layout (whatever wrote it) -> (loop state, the writer's layout
     and world size). Random number streams continue only where the writer had the same
     processes in the same layout (`layout`: this run's, as save_checkpoint records it): a rank
-    then has the same role, and a tensor-parallel group's ranks keep one stream."""
+    then has the same role, and a tensor-parallel group's ranks keep one stream.
+
+    aliases: {parameter name: other names of the same weight} (a tied lm_head); a writer
+    holding the weight once (one process, DDP, FSDP) kept its optimizer state under one name,
+    which a pipeline's last stage then reads for its copy."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -357,6 +362,7 @@ def load_checkpoint(
         raise UserError(f"checkpoint.resume: {unsafe}")
     frozen, options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    optim_state, renamed = _aliased(optim_state, aliases or {}, integrity.checkpoint_keys(path))
     _check_keys(path, model_state, optim_state)
     wanted = {"model": model_state, "optimizer": optim_state}
     planner, _ = integrity.safe_planners()
@@ -371,6 +377,7 @@ def load_checkpoint(
         raise UserError(
             f"checkpoint.resume: {path} does not fit this model ({str(e).splitlines()[0][:200]})"
         ) from None
+    wanted["optimizer"] = {renamed.get(k, k): v for k, v in wanted["optimizer"].items()}
     _, options = _options(model, strict=not frozen)
     set_state_dict(
         model,
@@ -388,6 +395,28 @@ def load_checkpoint(
         set_rng_state(_load_plain(path / f"rng_rank{rank:05d}.pt"), device)
     writer = {"world_size": train_state["world_size"], **train_state.get("layout", {})}
     return LoopState(**train_state["loop"]), writer
+
+
+def _aliased(optim_state: dict, aliases: dict, held: set) -> tuple[dict, dict]:
+    """The flat optimizer state with each weight the checkpoint lacks under this name asked
+    for under an alias it holds -> (that state, {asked key: this run's key})."""
+    moved: dict[str, str] = {}
+    for name, others in aliases.items():
+        if any(k.startswith(f"optimizer.state.{name}.") for k in held):
+            continue
+        alias = next(
+            (o for o in others if any(k.startswith(f"optimizer.state.{o}.") for k in held)), None
+        )
+        if alias is None:
+            continue
+        for key in optim_state:
+            for part in ("state", "param_groups"):
+                if key.startswith(f"{part}.{name}."):
+                    moved[f"{part}.{alias}." + key[len(f"{part}.{name}.") :]] = key
+    if not moved:
+        return optim_state, {}
+    back = {v: k for k, v in moved.items()}
+    return {back.get(k, k): v for k, v in optim_state.items()}, moved
 
 
 def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:

@@ -21,7 +21,13 @@ from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
 from paratrain.parallel.apply import data_parallel_wrapper, parallelize, step_context
 from paratrain.parallel.ddp import average_buffers, bytes_per_element, unwrap
-from paratrain.parallel.pipeline import Pipeline, build_schedule, cut_stage
+from paratrain.parallel.pipeline import (
+    Pipeline,
+    build_schedule,
+    cut_stage,
+    tied_copies,
+    tied_names,
+)
 from paratrain.parallel.slowlink import SlowLink
 from paratrain.parallel.split import apply_split, split_devices
 from paratrain.parallel.sync import build as build_sync
@@ -204,9 +210,10 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     work.out_dir = out_dir
 
     # ---- model parallelism that moves or cuts the model comes first
-    model, split, stage_modules = work.model, None, None
+    model, split, stage_modules, tied = work.model, None, None, []
     shards = dims.tp if cfg.parallel.sequence_parallel else 1
     if dims.pp > 1 or cfg.strategy == "pipeline":  # this rank keeps its stage(s)
+        tied = tied_names(model)  # of the whole model: a stage holds one of the names
         stage_modules = cut_stage(
             model,
             work.spec,
@@ -258,7 +265,8 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     pipe = None
     if dims.pp > 1:  # one stage: the (wrapped) model itself; interleaved: modules sharing it
         stages = [model] if len(stage_modules) == 1 else stage_modules
-        pipe = build_schedule(stages, dims, device, cfg.pipeline, work.pipeline)
+        copies = tied_copies(unwrap(model), tied, dims)
+        pipe = build_schedule(stages, dims, device, cfg.pipeline, work.pipeline, copies)
     # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
     seed_all(cfg.seed + dims.dp_rank)
 
@@ -386,6 +394,7 @@ def resume(run: Run, path: Path) -> None:
         scaler=run.scaler,
         device=run.env.device,
         layout=run.layout,
+        aliases=run.pipe.tied.aliases if run.pipe is not None and run.pipe.tied else None,
     )
     # The epoch's samples already trained on, in this layout's steps: the same position when
     # the layout is the same, the nearest step boundary before it when it is not.

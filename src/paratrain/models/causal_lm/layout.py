@@ -29,10 +29,6 @@ class Layout:
     """Default lora.target_modules (suffixes of module names, as peft matches them)."""
     conv1d: bool = False
     """Projections are Conv1D ([in, out] weights): peft needs fan_in_fan_out."""
-    no_tensor_parallel: str | None = None
-    """Why parallel.tp > 1 is refused, or None when the Megatron plan in spec.py fits."""
-    no_pipeline: str | None = None
-    """Why parallel.pp > 1 / strategy=split are refused, or None when spec.py's stages fit."""
 
 
 LLAMA = Layout(
@@ -54,14 +50,6 @@ GPT2 = Layout(
     # (the same name) out, as Llama's default leaves the MLP out
     lora_targets=("attn.c_attn", "attn.c_proj"),
     conv1d=True,
-    no_tensor_parallel=(
-        "GPT-2's projections are Conv1D with q/k/v fused in c_attn, which torch's "
-        "Colwise/RowwiseParallel do not split; use ddp-ds or fsdp for GPT-2"
-    ),
-    no_pipeline=(
-        "pipeline stages are built for the Llama layout (rotary positions); GPT-2's learned "
-        "positions are not staged yet; use ddp-ds or fsdp for GPT-2"
-    ),
 )
 
 LAYOUTS = {"gpt2": GPT2}

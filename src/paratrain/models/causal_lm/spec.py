@@ -1,8 +1,11 @@
 """CausalLMSpec: what parallel/ may know of a Hugging Face causal LM, under peft's LoRA wrapper
 or not. Blocks, split units and FLOPs follow the family's layout (layout.py: Llama's model.layers,
-GPT-2's transformer.h); the tensor-parallel plan and the pipeline stages are written for the Llama
-layout (model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
-model.norm, model.rotary_emb, lm_head), and check_parallel refuses them for the others.
+GPT-2's transformer.h); the tensor-parallel plan below is written for the Llama layout
+(model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
+model.norm, lm_head), GPT-2's (Conv1D, fused q/k/v) in gpt2_tp.py. Pipeline stages run the
+family's own entry (Llama: embedding and rotary positions; GPT-2: token plus learned position
+embeddings) before their decoder layers. A tied lm_head lives on the first and the last stage at
+once: parallel/pipeline.py sums the two copies' gradients so that they stay one weight.
 
 The tensor-parallel plan is Megatron-LM's (Shoeybi et al. 2019) as torch.distributed.tensor.parallel
 writes it: q/k/v and gate/up split by output columns (each rank holds whole heads), o and down by
@@ -36,20 +39,17 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
-    """Shape checks on a transformers config (or SHAPES entry): heads, widths and vocabulary must
-    split evenly over tp, layers over the pp stages (pp x per_rank under an interleaved schedule);
+    """Shape checks on a transformers config (or SHAPES entry): heads and widths must split
+    evenly over tp (the vocabulary need not: DTensor gives the last ranks a row fewer, so
+    GPT-2's 50,257 splits; tested), layers over the pp stages (pp x per_rank under an interleaved schedule);
     one line naming the field, before anything launches. A GPT2Config answers the Llama names
     (num_attention_heads, num_hidden_layers) through its attribute_map."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
-    layout = layout_of(config)
-    if tp > 1 and layout.no_tensor_parallel:
-        raise UserError(f"parallel.tp: {tp} is refused: {layout.no_tensor_parallel}")
     if tp > 1:
         for key in (
             "num_attention_heads",
             "num_key_value_heads",
             "intermediate_size",
-            "vocab_size",
         ):
             value = get(key)
             if value is not None and value % tp:
@@ -69,13 +69,6 @@ def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
             raise UserError(
                 f"{key}: {count} pipeline stages but the model has only {layers} decoder layers"
             )
-        if get("tie_word_embeddings", False):
-            raise UserError(
-                "parallel.pp: the model ties lm_head to the input embedding, which a pipeline would "
-                "put on two stages; use tp / fsdp for it, or an untied model"
-            )
-        if layout.no_pipeline:
-            raise UserError(f"parallel.pp: {pp} is refused: {layout.no_pipeline}")
 
 
 FLOPS_FORMULA = (
@@ -121,13 +114,12 @@ class CausalLMSpec:
         if base.config.tie_word_embeddings:
             raise UserError(
                 "strategy: split puts the embedding and lm_head on different GPUs, and this model "
-                "ties them; use tp or fsdp"
+                "ties them; use parallel.pp (a pipeline keeps the two copies in step), tp or fsdp"
             )
-        layout = layout_of(base)
-        if layout.no_pipeline:
-            raise UserError(f"strategy: split is refused: {layout.no_pipeline}")
-        inner = base.model
-        return [inner.embed_tokens, *inner.layers, inner.norm, base.lm_head]
+        layout, decoder = layout_of(base), decoder_of(base)
+        entry = [getattr(decoder, name) for name in layout.embeddings]
+        layers = getattr(decoder, layout.layers)
+        return [*entry, *layers, getattr(decoder, layout.norm), base.lm_head]
 
     # ------------------------------------------------------------------ tensor parallel
 
@@ -157,8 +149,14 @@ class CausalLMSpec:
         )
 
         base = base_model(model)
-        if layout_of(base).no_tensor_parallel:  # preflight refuses it; paratrain.train(model=) too
-            raise UserError(f"parallel.tp: refused: {layout_of(base).no_tensor_parallel}")
+        layout = layout_of(base)
+        if layout.family == "gpt2":  # Conv1D projections, fused q/k/v: gpt2_tp.py
+            from paratrain.models.causal_lm.gpt2_tp import gpt2_tp_plan
+
+            plan = gpt2_tp_plan(
+                base, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+            )
+            return _prefixed(model, base, plan)
         inner = base.model
         sp = sequence_parallel
         between = Shard(1) if sp else Replicate()  # the residual stream's layout between blocks
@@ -197,16 +195,16 @@ class CausalLMSpec:
                 )
                 out = Replicate() if adapted else between
                 if sp:
-                    plan[f"{p}.{parent}"] = _block_io(takes, adapted, local_inputs, parent)
+                    # attention returns (output, attention weights or None)
+                    n_out = 2 if parent == "self_attn" else 1
+                    plan[f"{p}.{parent}"] = block_io(takes, adapted, local_inputs, n_out)
                 for name, module in block.named_children():
                     path = f"{p}.{parent}.{name}"
                     if name in COLWISE:
                         plan.update(_colwise(path, module))
                     elif name in ROWWISE:
                         plan.update(_rowwise(path, module, out))
-        # the paths above are the transformers model's; peft's and the loss wrapper's sit above
-        prefix = next(name for name, m in model.named_modules() if m is base)
-        return {f"{prefix}.{k}" if prefix else k: v for k, v in plan.items()}
+        return _prefixed(model, base, plan)
 
     def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float:
         """Training FLOPs per token (FLOPS_FORMULA).
@@ -235,18 +233,26 @@ class CausalLMSpec:
         return 4 * base + attention + 6 * adapters
 
 
+def _prefixed(model: nn.Module, base: nn.Module, plan: dict) -> dict:
+    """The plan's paths are the transformers model's; peft's and the loss wrapper's sit above."""
+    prefix = next(name for name, m in model.named_modules() if m is base)
+    return {f"{prefix}.{k}" if prefix else k: v for k, v in plan.items()}
+
+
 def _cut(model: nn.Module, keep: set[int], first: bool, last: bool) -> None:
-    """Layers outside `keep` become nn.Identity; the embedding stays only with the first stage,
-    norm and lm_head with the last. Parameter names stay the whole model's."""
+    """Layers outside `keep` become nn.Identity; the embeddings stay only with the first stage,
+    the final norm and lm_head with the last. Parameter names stay the whole model's."""
     base = base_model(model)
-    inner = base.model
-    for i in range(len(inner.layers)):
+    layout, decoder = layout_of(base), decoder_of(base)
+    layers = getattr(decoder, layout.layers)
+    for i in range(len(layers)):
         if i not in keep:
-            inner.layers[i] = nn.Identity()
+            layers[i] = nn.Identity()
     if not first:
-        inner.embed_tokens = nn.Identity()
+        for name in layout.embeddings:
+            setattr(decoder, name, nn.Identity())
     if not last:
-        inner.norm = nn.Identity()
+        setattr(decoder, layout.norm, nn.Identity())
         base.lm_head = nn.Identity()
 
 
@@ -254,20 +260,35 @@ def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict
     """forward(input ids or hidden states) -> hidden states, or logits on the last stage. No
     attention mask crosses the stages: rows are right-padded, so causal attention (sdpa's
     is_causal) never lets a real token see a pad, and pads carry no loss."""
-    inner = base.model
-    layers = [inner.layers[i] for i in keep]
+    layout, decoder = layout_of(base), decoder_of(base)
+    layers = [getattr(decoder, layout.layers)[i] for i in keep]
     # With sequence parallelism each rank holds 1/tp of the sequence between layers.
     shards = options.get("sequence_shards", 1)
 
-    def run(x):
-        h = inner.embed_tokens(x) if first else x
+    def llama(x):
+        h = decoder.embed_tokens(x) if first else x
         length = x.shape[1] if first else h.shape[1] * shards
         positions = torch.arange(length, device=h.device).unsqueeze(0)
-        rope = inner.rotary_emb(h, positions)
+        rope = decoder.rotary_emb(h, positions)
         for layer in layers:
             out = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rope)
             h = out[0] if isinstance(out, tuple) else out  # older transformers: a tuple
-        return base.lm_head(inner.norm(h)) if last else h
+        return h
+
+    def gpt2(x):  # learned positions, added to the token embeddings on the first stage
+        if first:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            x = decoder.drop(decoder.wte(x) + decoder.wpe(positions))
+        for layer in layers:
+            out = layer(x)
+            x = out[0] if isinstance(out, tuple) else out
+        return x
+
+    body = gpt2 if layout.family == "gpt2" else llama
+
+    def run(x):
+        h = body(x)
+        return base.lm_head(getattr(decoder, layout.norm)(h)) if last else h
 
     return run
 
@@ -278,12 +299,14 @@ class _StageModule(nn.Module):
 
     def __init__(self, base: nn.Module, keep, first: bool, last: bool, options: dict):
         super().__init__()
-        inner = base.model
-        self.layers = nn.ModuleList(inner.layers[i] for i in keep)
+        layout, decoder = layout_of(base), decoder_of(base)
+        layers = getattr(decoder, layout.layers)
+        self.layers = nn.ModuleList(layers[i] for i in keep)
         if first:
-            self.embed_tokens = inner.embed_tokens
+            for name in layout.embeddings:
+                setattr(self, name, getattr(decoder, name))
         if last:
-            self.norm, self.lm_head = inner.norm, base.lm_head
+            self.norm, self.lm_head = getattr(decoder, layout.norm), base.lm_head
         self._run = _stage_forward(base, keep, first, last, options)
 
     def forward(self, x):
@@ -311,7 +334,7 @@ def _rowwise(path: str, module: nn.Module, output) -> dict[str, Any]:
     return {path: RowwiseParallel(output_layouts=output)}
 
 
-def _block_io(takes: str | None, adapted: bool, local_inputs: bool, parent: str):
+def block_io(takes: str | None, adapted: bool, local_inputs: bool, n_out: int):
     """Attention / MLP under sequence parallelism: whole activations in (all-gathered from the
     sequence shards); out, the block's sequence shard of whole activations when an adapter made
     its row-split layer all-reduce (else that layer's reduce-scatter already gave the shard)."""
@@ -328,8 +351,6 @@ def _block_io(takes: str | None, adapted: bool, local_inputs: bool, parent: str)
     )
     if not adapted:
         return PrepareModuleInput(**inputs, use_local_output=local_inputs)
-    # attention returns (output, attention weights or None)
-    n_out = 2 if parent == "self_attn" else 1
     return PrepareModuleInputOutput(
         **inputs,
         use_local_input=local_inputs,
