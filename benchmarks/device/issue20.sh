@@ -12,6 +12,11 @@
 #   bert    BERT-base masked LM (bf16, 32 x 512 tokens) against the plain transformers loop with
 #           DataCollatorForLanguageModeling (peers/hf_bert.py), eager and compiled; then
 #           bert_mlm_python_docs.yaml (real text, 200 steps)
+#   parallel GPT-2 under tensor and pipeline parallelism as CPU processes (gloo) on this
+#           machine's torch (2.11; CI runs the same tests on 2.14); GPT-2 124M through the
+#           tensor-parallel code on the one GPU (strategy=tp over a one-rank mesh: DTensor
+#           weights, the q/k/v gather, loss_parallel) beside the same run without; then
+#           bert_mlm_python_docs.yaml with 300 warm-up steps at lr 1e-4 and 3e-4, 1,500 steps
 #   DOCS_STEPS: the real-text runs' steps (200 by default)
 #   device run (kind nvidia-h200, carry .whl .commit):  MODE=images bash benchmarks/device/issue20.sh
 set -uo pipefail
@@ -105,6 +110,30 @@ if [ "$MODE" = bert ]; then
   table "BERT-base masked LM, bf16, 32 x 512 tokens, 1 H200" "plain transformers eager=/tmp/r_bert_plain_eager/result.json" "plain transformers compiled=/tmp/r_bert_plain_compiled/result.json" "paratrain eager=/tmp/r_bert_eager/result.json" "paratrain compiled=/tmp/r_bert_compiled/result.json" "paratrain compiled, NaN guard off=/tmp/r_bert_compiled_noguard/result.json"
   pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false train.max_steps=${DOCS_STEPS:-200}
   cp /tmp/r_bert_compiled/result.json "$OUT/bert_compiled.json"; cp /tmp/r_bert_docs/result.json "$OUT/bert_docs.json"
+fi
+if [ "$MODE" = parallel ]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_case_gpt2_parallel.py 2>&1 | tee "$OUT/gpt2_parallel_cpu_tests.txt" | tail -4
+  LM="$COMMON task=causal_lm data.source=synthetic-text model.init=random model.shape=gpt2 lora.enabled=false data.max_length=1024 data.batch_size=8 data.num_workers=0 precision=bf16"
+  pt gpt2_single "--nproc 1" $LM strategy=single
+  pt gpt2_tp1 "--nproc 1" $LM strategy=tp
+  table "GPT-2 124M full training, bf16, eager, 8 x 1,024 tokens, 1 H200" "paratrain single=/tmp/r_gpt2_single/result.json" "paratrain strategy=tp, one-rank mesh=/tmp/r_gpt2_tp1/result.json"
+  B=recipes/cases/bert_mlm_python_docs.yaml
+  pt bert_w300 $B device=$DEV log.progress=false train.warmup_steps=300 train.max_steps=1500
+  pt bert_w300_lr3 $B device=$DEV log.progress=false train.warmup_steps=300 train.max_steps=1500 train.lr=0.0003
+  python3 - <<'PY' | tee -a "$OUT/rows.md"
+import json
+print("\n### bert_mlm_python_docs.yaml, 1,500 steps, 300 warm-up steps\n")
+print("| lr | epoch | held-out loss | masked-token accuracy |")
+print("|---:|---:|---:|---:|")
+for name, lr in (("bert_w300", "1e-4"), ("bert_w300_lr3", "3e-4")):
+    try:
+        r = json.load(open(f"/tmp/r_{name}/result.json"))
+    except OSError:
+        continue
+    for i, e in enumerate(r["epochs"]):
+        print(f"| {lr} | {i} | {e.get('val_loss', float('nan')):.4f} | {e.get('val_masked_accuracy', e.get('val_accuracy', float('nan'))):.4f} |")
+PY
+  for n in gpt2_tp1 bert_w300 bert_w300_lr3; do cp /tmp/r_$n/result.json "$OUT/$n.json" 2>/dev/null; done
 fi
 MODE=$MODE python3 - <<'PY' | tee -a "$OUT/rows.md"
 import glob, json, os
