@@ -1,7 +1,7 @@
 """Seed 001 §6's "model parallel GPT" on CPU processes (gloo): GPT-2 (transformers'
 GPT2LMHeadModel: Conv1D projections, q/k/v fused in c_attn, lm_head tied to wte) under tensor
-parallelism (full and LoRA, with and without sequence parallelism, a vocabulary that does not
-split evenly) and pipeline stages, each against one process. A tensor-parallel checkpoint
+parallelism (full; LoRA with a vocabulary that does not split evenly; both sequence parallel)
+and pipeline stages, each against one process. A tensor-parallel checkpoint
 resumes in one process; one process's checkpoint resumes as a pipeline, whose last stage holds
 the tied lm_head copy that a single process saves under wte's name.
 
@@ -55,7 +55,7 @@ def same_run(run, reference, tol=TOL):
 def single(tmp_path_factory):
     base = tmp_path_factory.mktemp("single")
     full = one_process(base / "full", *FULL, "checkpoint.every_steps=2", "checkpoint.keep=0")
-    return {"full": full, "lora": one_process(base / "lora", *GPT2)}
+    return {"full": full}
 
 
 def test_gpt2_tensor_parallel_equals_single_and_resumes_in_one_process(tmp_path, single):
@@ -80,15 +80,12 @@ def test_gpt2_tensor_parallel_equals_single_and_resumes_in_one_process(tmp_path,
     assert max_abs_diff(final_weights(alone), final_weights(single["full"])) < TOL
 
 
-def test_gpt2_tensor_parallel_lora_equals_single(tmp_path, single):
+def test_gpt2_tensor_parallel_lora_with_an_uneven_vocabulary_equals_single(tmp_path):
     """Adapters on c_attn (lora_B split like its columns, before the q/k/v gather) and on
-    attn.c_proj (lora_A split by rows, reduced to whole activations for lora_B)."""
-    same_run(parallel(tmp_path / "tp", *GPT2, "parallel.tp=2"), single["lora"])
-
-
-def test_gpt2_uneven_vocabulary_without_sequence_parallel(tmp_path):
-    """GPT-2's 50,257 rows split over no tp: a 321-row vocabulary (the byte tokenizer's 259
-    inside) built from a config folder, tp=2 without sequence parallelism, as one process."""
+    attn.c_proj (lora_A split by rows, reduced to whole activations for lora_B), sequence
+    parallel; and a vocabulary that splits over no tp (GPT-2's 50,257 rows): 321 rows (the byte
+    tokenizer's 259 inside) from a config folder. SGD: no division by a gradient's own size, so
+    the two runs agree to rounding."""
     from transformers import GPT2Config
 
     from paratrain.lm.tokenizer import byte_tokenizer
@@ -98,12 +95,13 @@ def test_gpt2_uneven_vocabulary_without_sequence_parallel(tmp_path):
     fields = {k: v for k, v in shape_of("tiny-gpt2").items() if k != "model_type"}
     GPT2Config(**{**fields, "vocab_size": 321}).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
-    odd = [*(s for s in FULL if not s.startswith("model.shape")), f"model.path={folder}"]
-    odd.append("train.optimizer=sgd")  # no division by a gradient's size: rounding only
+    odd = [*(s for s in GPT2 if not s.startswith("model.shape")), f"model.path={folder}"]
+    odd.append("train.optimizer=sgd")
     reference = one_process(tmp_path / "single", *odd)
-    tp = parallel(tmp_path / "tp", *odd, "parallel.tp=2", "parallel.sequence_parallel=false")
+    tp = parallel(tmp_path / "tp", *odd, "parallel.tp=2")
     same_run(tp, reference, tol=1e-6)
-    assert final_weights(tp)["transformer.wte.weight"].shape[0] == 321
+    adapters = [k for k in final_weights(tp) if "lora_" in k]  # what a LoRA checkpoint holds
+    assert len(adapters) == 2 * 2 * 2, adapters  # A and B on c_attn and c_proj, in 2 layers
 
 
 def test_gpt2_pipeline_continues_a_single_process_run(tmp_path, single):

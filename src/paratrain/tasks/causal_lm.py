@@ -18,7 +18,7 @@ from paratrain.data.loader import (
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
-from paratrain.models.causal_lm.build import build_causal_lm, shape_config
+from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
@@ -76,11 +76,23 @@ def check(cfg) -> None:
             )
 
 
+# GPT-2's config field names as transformers' attribute_map answers them under Llama's names
+GPT2_NAMES = {
+    "n_head": "num_attention_heads",
+    "n_layer": "num_hidden_layers",
+    "n_embd": "hidden_size",
+    "n_inner": "intermediate_size",
+    "n_positions": "max_position_embeddings",
+}
+
+
 def model_config(cfg):
-    """The model's shape (a named SHAPES entry or the checkpoint's config.json) as its
-    transformers config: read cheaply before launch, for the degree checks."""
+    """The model's shape for the degree checks before launch: a named SHAPES entry as a dict
+    under Llama's field names (without importing transformers, whose configs pull in
+    torchvision: 3 s of every command's start), or the checkpoint's config.json."""
     if cfg.model.path is None:
-        return shape_config(cfg.model.shape, cfg.model.layers)
+        fields = shape_of(cfg.model.shape, cfg.model.layers)
+        return {GPT2_NAMES.get(k, k): v for k, v in fields.items()}
     from transformers import AutoConfig
 
     try:
