@@ -17,6 +17,10 @@
 #           tensor-parallel code on the one GPU (strategy=tp over a one-rank mesh: DTensor
 #           weights, the q/k/v gather, loss_parallel) beside the same run without; then
 #           bert_mlm_python_docs.yaml with 300 warm-up steps at lr 1e-4 and 3e-4, 1,500 steps
+#   guard   the NaN guard's flag left on the device (fused optimizers): ResNet-50 bf16 with the
+#           levers, foreach SGD (the host check each step) against fused SGD (the flag), with
+#           and without the guard, beside the plain bf16 script; a NaN injected at step 30 must
+#           be skipped on the GPU; BERT-base compiled (fused AdamW) with and without the guard
 #   DOCS_STEPS: the real-text runs' steps (200 by default)
 #   device run (kind nvidia-h200, carry .whl .commit):  MODE=images bash benchmarks/device/issue20.sh
 set -uo pipefail
@@ -114,6 +118,25 @@ if [ "$MODE" = bert ]; then
   pt bert_docs recipes/cases/bert_mlm_python_docs.yaml device=$DEV log.progress=false train.max_steps=${DOCS_STEPS:-200}
   cp /tmp/r_bert_compiled/result.json "$OUT/bert_compiled.json"; cp /tmp/r_bert_docs/result.json "$OUT/bert_docs.json"
 fi
+if [ "$MODE" = guard ]; then
+  R="recipes/cases/resnet50_seed_sgd.yaml"
+  RS="$COMMON strategy=single data.source=synthetic data.synthetic_samples=4096 data.synthetic_size=224 data.channels=1 data.num_classes=1000 data.num_workers=8"
+  LEVERS="precision=bf16 train.channels_last=true train.cudnn_benchmark=true train.compile=true data.prefetch_to_device=true data.persistent_workers=true data.resize_on=gpu"
+  peer r50_plain_bf16 plain "$R" $RS precision=bf16
+  pt r50_host "$R" $RS $LEVERS
+  pt r50_fused "$R" $RS $LEVERS train.fused_optimizer=true
+  pt r50_fused_noguard "$R" $RS $LEVERS train.fused_optimizer=true train.max_bad_steps=-1
+  table "ResNet-50, the seed's SGD set-up, bf16, batch 32, 1 H200: where the NaN guard is judged" "plain seed-style bf16=/tmp/r_r50_plain_bf16/result.json" "paratrain, foreach SGD, host check=/tmp/r_r50_host/result.json" "paratrain, fused SGD, flag on the GPU=/tmp/r_r50_fused/result.json" "paratrain, fused SGD, no guard=/tmp/r_r50_fused_noguard/result.json"
+  PARATRAIN_FAULTS=nan:step=30 pt r50_fused_nan "$R" $RS $LEVERS train.fused_optimizer=true
+  python3 -c "import json; s = json.load(open('/tmp/r_r50_fused_nan/result.json'))['summary']; print('NaN at step 30 on the GPU flag: skipped_steps', s['skipped_steps'], 'train_loss', s['train_loss'])" | tee -a "$OUT/rows.md"
+  LM="$COMMON strategy=single task=masked_lm data.source=synthetic-text model.init=random model.shape=bert-base data.max_length=512 data.batch_size=32 data.num_workers=2 precision=bf16 train.compile=true train.fused_optimizer=true"
+  peer bert_plain hf_bert "" $LM
+  pt bert_flag "" $LM
+  pt bert_noguard "" $LM train.max_bad_steps=-1
+  table "BERT-base masked LM, bf16, 32 x 512 tokens, compiled, fused AdamW, 1 H200" "plain transformers compiled=/tmp/r_bert_plain/result.json" "paratrain, flag on the GPU=/tmp/r_bert_flag/result.json" "paratrain, no guard=/tmp/r_bert_noguard/result.json"
+  for n in r50_fused r50_fused_nan bert_flag; do cp /tmp/r_$n/result.json "$OUT/$n.json" 2>/dev/null; done
+fi
+
 if [ "$MODE" = parallel ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_case_gpt2_parallel.py 2>&1 | tee "$OUT/gpt2_parallel_cpu_tests.txt" | tail -4
   LM="$COMMON task=causal_lm data.source=synthetic-text model.init=random model.shape=gpt2 lora.enabled=false data.max_length=1024 data.batch_size=8 data.num_workers=0 precision=bf16"

@@ -153,8 +153,38 @@ def test_a_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch):
     assert strict["summary"]["train_loss"] > 0  # the skipped step's NaN is not in the mean
 
 
-def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
-    assert cli(tmp_path / "boom", "train.max_steps=8", "train.lr=1e10") == 2
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_fused_optimizer_skips_on_the_device_flag_as_the_host_check_does(
+    tmp_path, monkeypatch, optimizer
+):
+    """With a fused optimizer the guard's verdict stays on the device (no host read per step):
+    the kernel skips step 3's update on the flag, and the host learns of it a step later. The
+    result equals the host check's (foreach kernels, the same update to rounding); SGD with
+    momentum takes the host check until its buffers exist (step 1), the flag after."""
+    from paratrain.trainer import step as step_module
+
+    monkeypatch.setattr(faults, "_FAULTS", faults.parse("nan:step=3"))
+    settings = ["train.max_steps=4", f"train.optimizer={optimizer}"]
+    host = run(tmp_path / "host", *settings)
+    checks = []
+    host_check = step_module.finite_everywhere
+    monkeypatch.setattr(
+        step_module, "finite_everywhere", lambda *a: checks.append(1) or host_check(*a)
+    )
+    device = run(tmp_path / "device", *settings, "train.fused_optimizer=true")
+    assert checks == ([1] if optimizer == "sgd" else [])  # SGD: step 1 before its buffers
+    for result in (host, device):
+        assert result["summary"]["skipped_steps"] == [3]
+    a, b = final_weights(tmp_path / "host"), final_weights(tmp_path / "device")
+    assert all(v.isfinite().all() for v in b.values())
+    assert max_abs_diff(a, b) < 1e-5
+    assert abs(host["summary"]["train_loss"] - device["summary"]["train_loss"]) < 1e-5
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["host-check", "device-flag"])
+def test_a_diverging_run_stops_with_one_line(tmp_path, capsys, fused):
+    settings = ["train.max_steps=8", "train.lr=1e10", f"train.fused_optimizer={fused}"]
+    assert cli(tmp_path / "boom", *settings) == 2
     one_error_line(capsys, "non-finite loss or gradient", "Last checkpoint: ")
     assert not (tmp_path / "boom" / "result.json").exists()
 

@@ -106,6 +106,8 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     def trained_units() -> float:
         return float(meter.tokens.item()) * copies if lm else state.step * run.unique_per_step
 
+    late = LateVerdicts()
+
     # ================================================================ the loop
     gc_pause(tc.gc_every_steps)
     while state.step < run.total_steps:
@@ -131,7 +133,12 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
 
             loss, tokens, good = train_step(run, batches)  # forward, backward, optimizer step
 
-            if not good:
+            if isinstance(good, torch.Tensor):  # the guard's flag, judged on the device
+                late.read(run)  # the step before's, finished by now (this one is queued)
+                late.add(state.step + 1, good)
+                if loss is not None:
+                    loss_sum += torch.where(good > 0, torch.zeros_like(loss), loss)
+            elif not good:
                 skipped_bad_step(run)
             elif loss is not None:
                 loss_sum += loss
@@ -162,6 +169,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
             every = cfg.checkpoint.every_steps
             saving = time.perf_counter()
             if every and state.step % every == 0 and state.step < run.total_steps:
+                late.read(run)  # a checkpoint's list of skipped steps is complete
                 clock.pause()
                 watchdog.beat(state.step, "checkpoint")
                 run.sync_buffers()
@@ -173,6 +181,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
             # the loss check's sync makes this the step's real time (also on a GPU)
             clock.exclude(stalls.step(state.step, time.perf_counter() - step_start - saving))
         clock.pause()
+        late.read(run)
 
         epoch_steps = state.step - epoch_first_step
         good_steps = epoch_steps - sum(epoch_first_step < b <= state.step for b in state.bad_steps)
@@ -253,14 +262,42 @@ def run_devices(run: Run) -> list[torch.device]:
     return [run.env.device]
 
 
-def skipped_bad_step(run: Run) -> None:
+class LateVerdicts:
+    """The NaN guard's flags of steps judged on the device (step.guard_on_device), read by the
+    host one step later: copied to pinned memory behind the step's work, waited for once the
+    next step is queued, so the GPU never idles for the read."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, torch.Tensor, Any]] = []
+
+    def add(self, step: int, flag: torch.Tensor) -> None:
+        if flag.is_cuda:
+            host = torch.empty((), dtype=flag.dtype, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host, done = flag, None
+        self.pending.append((step, host, done))
+
+    def read(self, run: Run) -> None:
+        pending, self.pending = self.pending, []
+        for step, host, done in pending:
+            if done is not None:
+                done.synchronize()
+            if host.item() > 0:
+                skipped_bad_step(run, step)
+
+
+def skipped_bad_step(run: Run, step: int | None = None) -> None:
     """A step with a non-finite loss or gradient was not applied (every rank skipped it):
-    count it, say so, and stop once train.max_bad_steps is passed."""
+    count it, say so, and stop once train.max_bad_steps is passed. `step`: a step judged on
+    the device and read later; default the step being finished (1-based, as printed)."""
     from paratrain.errors import UserError
     from paratrain.trainer.checkpoint import list_checkpoints
 
     state = run.state
-    step = state.step + 1  # the step being finished (1-based, as printed)
+    step = state.step + 1 if step is None else step
     state.bad_steps.append(step)
     limit = run.cfg.train.max_bad_steps
     if run.env.is_main:
