@@ -137,6 +137,16 @@ if [ "$MODE" = guard ]; then
   for n in r50_fused r50_fused_nan bert_flag; do cp /tmp/r_$n/result.json "$OUT/$n.json" 2>/dev/null; done
 fi
 
+if [ "$MODE" = guard2 ]; then  # the guard rows again, longer (STEPS=150) and interleaved twice
+  LM="$COMMON strategy=single task=masked_lm data.source=synthetic-text model.init=random model.shape=bert-base data.max_length=512 data.batch_size=32 data.num_workers=2 precision=bf16 train.compile=true"
+  for round in 1 2; do
+    pt bert_host_$round "" $LM train.fused_optimizer=false
+    pt bert_flag_$round "" $LM train.fused_optimizer=true
+    pt bert_none_$round "" $LM train.fused_optimizer=true train.max_bad_steps=-1
+  done
+  table "BERT-base masked LM, bf16, 32 x 512, compiled, $STEPS steps, two interleaved rounds, 1 H200" "host check (foreach AdamW) 1=/tmp/r_bert_host_1/result.json" "flag on the GPU (fused AdamW) 1=/tmp/r_bert_flag_1/result.json" "no guard (fused AdamW) 1=/tmp/r_bert_none_1/result.json" "host check (foreach AdamW) 2=/tmp/r_bert_host_2/result.json" "flag on the GPU (fused AdamW) 2=/tmp/r_bert_flag_2/result.json" "no guard (fused AdamW) 2=/tmp/r_bert_none_2/result.json"
+fi
+
 if [ "$MODE" = parallel ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_case_gpt2_parallel.py 2>&1 | tee "$OUT/gpt2_parallel_cpu_tests.txt" | tail -4
   LM="$COMMON task=causal_lm data.source=synthetic-text model.init=random model.shape=gpt2 lora.enabled=false data.max_length=1024 data.batch_size=8 data.num_workers=0 precision=bf16"
