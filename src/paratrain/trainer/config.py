@@ -71,7 +71,8 @@ class TrainConfig:
     """A step whose loss or gradients hold NaN or inf is skipped (no update; the scaler's own
     skips under fp16 are not counted) and counted; after this many the run stops with one line
     naming the steps and the last checkpoint. -1: no check (saves one all-reduce of a flag and
-    one host sync per step)."""
+    one host sync per step; with fused_optimizer the flag is judged on the device and the host
+    does not wait for it)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

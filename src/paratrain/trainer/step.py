@@ -87,9 +87,9 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
 def guard_on_device(run) -> bool:
     """Whether the NaN guard can leave its verdict on the device (train.max_bad_steps): the
     optimizer is one of torch's fused ones, whose kernel takes a found_inf flag and skips the
-    whole update on it, so no host sync is needed each step (18% of a ResNet-50 step at batch
-    32 on one H200); the loop reads the flag a step later. Not under GradScaler (fp16: it owns
-    the flag), nor where updates are not every step's all-reduced gradients (sync.mode), nor
+    whole update on it, so no host sync is needed each step (BERT-base on one H200: 4-9%
+    faster than the host check); the loop reads the flag a step later. Not under GradScaler
+    (fp16: it owns the flag), nor where updates are not every step's all-reduced gradients (sync.mode), nor
     for SGD with momentum before its buffers exist: on a skipped first step the fused kernel
     would leave them allocated but unset (torch 2.14), and the next step would read them."""
     opt = run.optimizer
