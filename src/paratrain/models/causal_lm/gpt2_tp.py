@@ -31,14 +31,12 @@ from torch.distributed.tensor import (
     distribute_tensor,
 )
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
     ParallelStyle,
     PrepareModuleOutput,
-    RowwiseParallel,
     SequenceParallel,
 )
 
-from paratrain.models.causal_lm.spec import block_io
+from paratrain.models.causal_lm.spec import adapter_plan, block_io, ends_plan
 
 
 def gpt2_tp_plan(base: nn.Module, *, sequence_parallel: bool, loss_parallel: bool) -> dict:
@@ -48,19 +46,7 @@ def gpt2_tp_plan(base: nn.Module, *, sequence_parallel: bool, loss_parallel: boo
     sp = sequence_parallel
     between = Shard(1) if sp else Replicate()
     decoder = base.transformer
-    plan: dict[str, Any] = {}
-    if isinstance(decoder.wte, nn.Embedding):
-        plan["transformer.wte"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Replicate()
-        )
-    if isinstance(base.lm_head, nn.Linear):
-        plan["lm_head"] = ColwiseParallel(
-            input_layouts=between,
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
-        if sp:
-            plan["transformer.ln_f"] = SequenceParallel()
+    plan = ends_plan(base, "transformer.wte", "transformer.ln_f", sp, loss_parallel)
     if sp:
         # whole activations from the embeddings -> this rank's sequence shard, at the dropout
         # before the first block (the block itself takes a version-dependent positional list)
@@ -92,8 +78,7 @@ def gpt2_tp_plan(base: nn.Module, *, sequence_parallel: bool, loss_parallel: boo
 
 def _column(path: str, module: nn.Module) -> dict[str, Any]:
     if hasattr(module, "base_layer"):  # peft's LoRA layer: lora_B split like its base
-        adapters = {f"{path}.lora_B.{n}": ColwiseParallel() for n in module.lora_B}
-        return {f"{path}.base_layer": Conv1DColwise(), **adapters}
+        return {f"{path}.base_layer": Conv1DColwise(), **adapter_plan(path, module, "lora_B", None)}
     return {path: Conv1DColwise()}
 
 
@@ -102,11 +87,8 @@ def _row(path: str, module: nn.Module, output) -> dict[str, Any]:
         # lora_A split like its base and reduced the same way, to whole activations: lora_B, a
         # plain (whole) layer, must see every position for its weight's gradient to be the same
         # on every rank (block_io hands the block's sequence shard on)
-        output = Replicate()
-        adapters = {
-            f"{path}.lora_A.{n}": RowwiseParallel(output_layouts=output) for n in module.lora_A
-        }
-        return {f"{path}.base_layer": Conv1DRowwise(output), **adapters}
+        adapters = adapter_plan(path, module, "lora_A", Replicate())
+        return {f"{path}.base_layer": Conv1DRowwise(Replicate()), **adapters}
     return {path: Conv1DRowwise(output)}
 
 

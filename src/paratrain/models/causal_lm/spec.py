@@ -142,9 +142,7 @@ class CausalLMSpec:
         """
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
             PrepareModuleInput,
-            RowwiseParallel,
             SequenceParallel,
         )
 
@@ -160,19 +158,7 @@ class CausalLMSpec:
         inner = base.model
         sp = sequence_parallel
         between = Shard(1) if sp else Replicate()  # the residual stream's layout between blocks
-        plan: dict[str, Any] = {}
-        if isinstance(inner.embed_tokens, nn.Embedding):
-            plan["model.embed_tokens"] = RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Replicate()
-            )
-        if isinstance(base.lm_head, nn.Linear):
-            plan["lm_head"] = ColwiseParallel(
-                input_layouts=between,
-                output_layouts=Shard(-1) if loss_parallel else Replicate(),
-                use_local_output=not loss_parallel,
-            )
-            if sp:
-                plan["model.norm"] = SequenceParallel()
+        plan = ends_plan(base, "model.embed_tokens", "model.norm", sp, loss_parallel)
         for i, layer in enumerate(inner.layers):
             if isinstance(layer, nn.Identity):
                 continue
@@ -231,6 +217,32 @@ class CausalLMSpec:
             return 6 * base + attention
         adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
         return 4 * base + attention + 6 * adapters
+
+
+def ends_plan(base: nn.Module, embedding: str, norm: str, sp: bool, loss_parallel: bool) -> dict:
+    """The plan's two ends, any family: the token embedding split over the vocabulary (whole
+    activations out); lm_head split over the vocabulary (logits left split for loss_parallel),
+    fed by the final norm, itself sequence-split under sequence parallelism. Modules a pipeline
+    stage replaced by nn.Identity are left out."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {}
+    if isinstance(base.get_submodule(embedding), nn.Embedding):
+        plan[embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if isinstance(base.lm_head, nn.Linear):
+        plan["lm_head"] = ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+        if sp:
+            plan[norm] = SequenceParallel()
+    return plan
 
 
 def _prefixed(model: nn.Module, base: nn.Module, plan: dict) -> dict:
@@ -317,7 +329,10 @@ def _colwise(path: str, module: nn.Module) -> dict[str, Any]:
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     if hasattr(module, "base_layer"):  # peft's LoRA layer around the projection
-        return {f"{path}.base_layer": ColwiseParallel(), **_adapters(path, module, "lora_B", None)}
+        return {
+            f"{path}.base_layer": ColwiseParallel(),
+            **adapter_plan(path, module, "lora_B", None),
+        }
     return {path: ColwiseParallel()}
 
 
@@ -329,7 +344,7 @@ def _rowwise(path: str, module: nn.Module, output) -> dict[str, Any]:
         # same way, to whole activations (output is Replicate); lora_B, whole, works on them and
         # its weight's gradient is the same on every rank.
         plan = {f"{path}.base_layer": RowwiseParallel(output_layouts=output)}
-        plan.update(_adapters(path, module, "lora_A", output))
+        plan.update(adapter_plan(path, module, "lora_A", output))
         return plan
     return {path: RowwiseParallel(output_layouts=output)}
 
@@ -360,7 +375,7 @@ def block_io(takes: str | None, adapted: bool, local_inputs: bool, n_out: int):
     )
 
 
-def _adapters(path: str, module: nn.Module, which: str, output) -> dict[str, Any]:
+def adapter_plan(path: str, module: nn.Module, which: str, output) -> dict[str, Any]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     style = (
