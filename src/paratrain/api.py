@@ -53,8 +53,8 @@ def train(
     """Train as `paratrain run` does -> the run's result (result.json's contents). model,
     train_data (and val_data, loss): your own nn.Module, map-style Datasets of (input, target)
     and loss(output, target) instead of the recipe's (task custom)."""
-    from paratrain.runner import execute, preflight
-    from paratrain.trainer.loop import train as train_here
+    from paratrain.runner import execute, with_output_dir
+    from paratrain.runplan import resolve
 
     given = {"model": model, "train_data": train_data, "val_data": val_data, "loss": loss}
     custom = any(v is not None for v in given.values())
@@ -72,48 +72,42 @@ def train(
         if custom:
             overrides = {**(overrides or {}), "task": "custom"}
         cfg = recipe if isinstance(recipe, RunConfig) else config(recipe, overrides)
+        plan = with_output_dir(resolve(cfg, given=list(overrides or {})))
         if custom:
-            return _train_objects(cfg, given)
-        if not cfg.multiprocess:
-            preflight(cfg, 1)
-            return train_here(cfg)
-        if not cfg.output_dir:
-            from paratrain.trainer.setup import default_output_dir
-
-            cfg.output_dir = default_output_dir(cfg.name)
-        if execute(cfg) != 0:
+            return _train_objects(plan, given)
+        if execute(plan) != 0:
             raise RuntimeError("paratrain: training failed; the workers' errors are above")
     except UserError as e:
         raise UserError(one_line(e)) from None
-    return json.loads((Path(cfg.output_dir) / "result.json").read_text())
+    return _result(plan)
 
 
-def _train_objects(cfg: RunConfig, given: dict[str, Any]) -> dict[str, Any]:
+def _result(plan) -> dict[str, Any]:
+    return json.loads((Path(plan.config.output_dir) / "result.json").read_text())
+
+
+def _train_objects(plan, given: dict[str, Any]) -> dict[str, Any]:
     """Task custom: in this process the objects train in place; several processes get them
     pickled by value and the trained weights come back into `model` from the final
     checkpoint."""
     import os
+    import sys
     import tempfile
 
-    from paratrain.runner import execute, preflight
+    from paratrain.runner import execute
     from paratrain.tasks import custom
-    from paratrain.trainer.loop import train as train_here
 
+    cfg = plan.config
     custom.hand_over(given)
     try:
-        if not cfg.multiprocess:
-            preflight(cfg, 1)
-            return train_here(cfg)
+        if not plan.multiprocess:
+            execute(plan)
+            return _result(plan)
         if not cfg.checkpoint.at_end:
             raise UserError(
                 "checkpoint.at_end: several processes train copies of the model; their final "
                 "checkpoint is how the trained weights come back into it: leave it true"
             )
-        if not cfg.output_dir:
-            from paratrain.trainer.setup import default_output_dir
-
-            cfg.output_dir = default_output_dir(cfg.name)
-        import sys
 
         saved = {k: os.environ.get(k) for k in (custom.OBJECTS_ENV, "PYTHONPATH")}
         with tempfile.TemporaryDirectory(prefix="paratrain-objects-") as scratch:
@@ -127,7 +121,7 @@ def _train_objects(cfg: RunConfig, given: dict[str, Any]) -> dict[str, Any]:
                 [*here, *filter(None, [saved["PYTHONPATH"]])]
             )
             try:
-                code = execute(cfg)
+                code = execute(plan)
             finally:
                 for k, v in saved.items():
                     if v is None:
@@ -139,7 +133,7 @@ def _train_objects(cfg: RunConfig, given: dict[str, Any]) -> dict[str, Any]:
         _load_final(given["model"], cfg)
     finally:
         custom.hand_over(None)
-    return json.loads((Path(cfg.output_dir) / "result.json").read_text())
+    return _result(plan)
 
 
 def _load_final(model, cfg: RunConfig) -> None:

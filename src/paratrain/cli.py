@@ -285,7 +285,7 @@ joins the job it finds instead of starting processes.
 
 
 def _run_help() -> str:
-    from paratrain.parallel import STRATEGIES
+    from paratrain.runplan.strategies import STRATEGIES
 
     return RUN_HELP.format(strategies=", ".join(STRATEGIES))
 
@@ -324,19 +324,23 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from paratrain.config import describe_keys, load_config, to_yaml
+    from paratrain.config import describe_keys, load_config, parse_override, to_yaml
 
     if args.list_keys:
         for key, default, doc in describe_keys():
             print(f"{key} = {default}\n    {doc}")
         return 0
-    cfg = load_config(args.recipe, args.overrides + _flag_overrides(args))
+    overrides = args.overrides + _flag_overrides(args)
+    cfg = load_config(args.recipe, overrides)
+    from paratrain.runplan import resolve
+
+    plan = resolve(cfg, given=[parse_override(item)[0] for item in overrides])
     if args.print_config:
-        print(to_yaml(cfg), end="")
+        print(to_yaml(plan.config), end="")
         return 0
     from paratrain.runner import execute
 
-    return execute(cfg)
+    return execute(plan)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -451,9 +455,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.data_path and not Path(args.data_path).exists():
         raise UserError(f"--data-path: no such file or folder {args.data_path}")
     if args.recipe:
-        from paratrain.config import load_config
+        from paratrain.runplan import plan_of
 
-        load_config(args.recipe)  # a bad recipe: its one line now, before anything is timed
+        plan_of(args.recipe)  # a bad recipe: its one line now, before anything is timed
     found = doctor.run(args.recipe, Path(args.out), args.data_path, args.quick)
     doctor.print_report(found)
     print(f"paratrain doctor: {Path(args.out) / 'doctor.json'}")
@@ -461,12 +465,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from paratrain.config import load_config
     from paratrain.plan import command
+    from paratrain.runplan import plan_of
 
     if not Path(args.recipe).is_file():
         raise UserError(f"recipe: no such file {args.recipe}")
-    cfg = load_config(args.recipe, args.set)
+    cfg = plan_of(args.recipe, args.set).config
     gpus = command.parse_scales(args.gpus, "--gpus")
     measure = command.parse_scales(args.measure, "--measure") if args.measure else None
     for flag, value in (("--steps", args.steps), ("--every", args.every)):
@@ -523,7 +527,7 @@ def parse_duration(text: str) -> float:
 def cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
-    from paratrain.config import load_config
+    from paratrain.runplan import plan_of
     from paratrain.tune import output, search, space
 
     if not Path(args.recipe).is_file():
@@ -537,7 +541,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--loss-band: must be >= 0, got {args.loss_band}")
     if args.trial_timeout <= 0:
         raise UserError(f"--trial-timeout: must be > 0, got {args.trial_timeout:g}")
-    cfg = load_config(args.recipe, args.set)
+    cfg = plan_of(args.recipe, args.set).config
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and cfg.device != "cpu" else 0
     levers = space.read_space(args.space, cfg) if args.space else space.default_space(cfg, gpus)
     levers = space.keep(levers, args.keep)
@@ -708,13 +712,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={args.output_dir}")
     if args.no_progress:
         overrides.append("log.progress=false")
-    cfg = load_config(None, overrides)
+    from paratrain.runplan import resolve
+
+    plan = resolve(load_config(None, overrides))
+    cfg = plan.config
     print(
         f"paratrain demo: {cfg.model.name} on 4,000 real MNIST digits (1,000 held out), "
-        f"{cfg.launch.nproc} {'GPU' if gpus else 'CPU'} processes, {cfg.strategy}, {cfg.precision}",
+        f"{plan.nproc} {'GPU' if gpus else 'CPU'} processes, {plan.strategy}, {cfg.precision}",
         flush=True,
     )
-    return execute(cfg)
+    return execute(plan)
 
 
 if __name__ == "__main__":

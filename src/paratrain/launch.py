@@ -4,7 +4,7 @@
 - Inside a SLURM step with several tasks (srun): each task is a rank; map SLURM's variables to
   torch.distributed's and run here. Nothing is spawned again.
 - Otherwise, for a multi-process strategy: build torchrun's arguments and call its agent, which
-  starts one worker per process (``python -m paratrain.worker <config.yaml>`` on GPUs; on the
+  starts one worker per process (``python -m paratrain.worker <plan.json>`` on GPUs; on the
   CPU forked from a fork server that imported the workers' modules once, torchrun's
   --start-method=forkserver), rendezvouses (standalone on one node, c10d across nodes) and
   restarts workers up to max_restarts times.
@@ -16,49 +16,9 @@ import logging
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-
-@dataclass(kw_only=True)
-class LaunchConfig:
-    nproc: int | None = None
-    """Processes per node; default: one per visible GPU, or 2 on a CPU-only machine (ddp-*)."""
-    nnodes: int = 1
-    """Nodes taking part (torchrun --nnodes)."""
-    node_rank: int = 0
-    """This node's rank (torchrun --node-rank)."""
-    rdzv_endpoint: str | None = None
-    """host:port of the c10d rendezvous for multi-node runs (torchrun --rdzv-endpoint)."""
-    max_restarts: int = 0
-    """Times the elastic agent restarts failed workers (resume from the newest checkpoint)."""
-    cpu_threads: int | None = None
-    """Threads each process computes with on the CPU (torch.set_num_threads, OMP_NUM_THREADS);
-    default: this machine's cores over the processes on this node. `paratrain bench` gives
-    every run of a sweep the same (the cores over the sweep's largest process count), so that a
-    1-process run is not measured with the cores a 2-process run splits."""
-    numa_affinity: Literal["off", "node", "socket", "exclusive", "core-complex"] = "off"
-    """Bind each rank's process and threads to the CPUs near its GPU: torchrun's own NUMA
-    binding (--numa-binding; torch.numa.binding's modes: node, the GPU's NUMA node; socket;
-    exclusive, the node's cores split between its GPUs; core-complex, one L3 domain). GPUs
-    only; `paratrain doctor` names each GPU's node."""
-
-    def __post_init__(self) -> None:
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ValueError(f"cpu_threads: must be >= 1, got {self.cpu_threads}")
-        if self.nproc is not None and self.nproc < 1:
-            raise ValueError(f"nproc: must be >= 1, got {self.nproc}")
-        if self.nnodes < 1:
-            raise ValueError(f"nnodes: must be >= 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError("rdzv_endpoint: a multi-node run needs host:port of the rendezvous")
-        if self.rdzv_endpoint and not re.fullmatch(r"[\w.\-\[\]:]+:\d+", self.rdzv_endpoint):
-            raise ValueError(f"rdzv_endpoint: expected host:port, got {self.rdzv_endpoint!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
+from paratrain.config.launch import LaunchConfig  # noqa: F401 (the config leaf, named here too)
 
 
 def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:

@@ -9,37 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from paratrain.config.train import Precision, ScalerConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
-
-Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16"]
-
-
-@dataclass(kw_only=True)
-class ScalerConfig:
-    """torch.amp.GradScaler settings, used with precision=fp16 only."""
-
-    init_scale: float = 65536.0
-    """First loss scale (2**16, the seed's and PyTorch's default)."""
-    growth_factor: float = 2.0
-    """Scale multiplier after growth_interval steps without inf/NaN gradients."""
-    backoff_factor: float = 0.5
-    """Scale multiplier when a step's gradients hold inf/NaN (the step is skipped)."""
-    growth_interval: int = 2000
-    """Clean steps between two scale increases."""
-
-    def __post_init__(self) -> None:
-        if self.init_scale <= 0:
-            raise ValueError(f"init_scale: must be > 0, got {self.init_scale}")
-        if self.growth_factor <= 1:
-            raise ValueError(f"growth_factor: must be > 1, got {self.growth_factor}")
-        if not 0 < self.backoff_factor < 1:
-            raise ValueError(f"backoff_factor: must be in (0, 1), got {self.backoff_factor}")
-        if self.growth_interval < 1:
-            raise ValueError(f"growth_interval: must be >= 1, got {self.growth_interval}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""From a validated RunConfig to training: check the host, then train here or hand the run to
+"""From a run's plan to training: check the host, then train here or hand the run to
 torchrun's agent (launch.py), and report where the result went."""
 
 from __future__ import annotations
@@ -12,18 +12,33 @@ from pathlib import Path
 import torch
 
 from paratrain import launch
-from paratrain.config import RunConfig, to_yaml
-from paratrain.distributed.parallel_dims import ParallelDims
+from paratrain.config import to_yaml
 from paratrain.errors import ERROR_DIR, UserError, first_worker_error
-from paratrain.tasks import task_module
+from paratrain.runplan import RunPlan
+from paratrain.tasks import get_task
 from paratrain.trainer.loop import train
 from paratrain.trainer.setup import checkpoint_dir, default_output_dir, refuse_other_run, restarted
 
 
-def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
-    """Checks that need this machine (GPUs, files) or the process count: done once, before any
-    process starts. `world`: processes in the whole job (nproc x nnodes)."""
-    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+def preflight(plan: RunPlan) -> None:
+    """Checks that need this machine (GPUs, files): done once, before any process starts."""
+    cfg = plan.config
+    check_devices(plan)
+    if plan.multiprocess:
+        launch.check_numa_affinity(cfg.launch, plan.device == "cuda")
+    if plan.strategy == "pipeline" and plan.degrees["pp"] < 2:
+        raise UserError(
+            "launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got "
+            f"{plan.world_size}"
+        )
+    get_task(plan.task).preflight(cfg, plan.layout, plan.device == "cuda")
+    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
+        raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
+    check_folders(cfg)
+
+
+def check_devices(plan: RunPlan) -> None:
+    cfg, cuda = plan.config, plan.device == "cuda"
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)"
@@ -32,25 +47,14 @@ def preflight(cfg: RunConfig, nproc: int, world: int | None = None) -> None:
         raise UserError(
             "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
         )
-    if cuda and cfg.multiprocess and nproc > torch.cuda.device_count():
+    if cuda and plan.multiprocess and plan.nproc > torch.cuda.device_count():
         raise UserError(
-            f"launch.nproc: {nproc} processes but {torch.cuda.device_count()} GPUs visible; "
+            f"launch.nproc: {plan.nproc} processes but {torch.cuda.device_count()} GPUs visible; "
             "use at most one process per GPU, or device=cpu"
         )
-    if cfg.multiprocess:
-        launch.check_numa_affinity(cfg.launch, cuda)
-    world = world or (nproc * cfg.launch.nnodes if cfg.multiprocess else 1)
-    try:  # the degrees must multiply to the process count: say so before launching any
-        dims = ParallelDims.from_config(cfg.parallel, world, "cuda" if cuda else "cpu")
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if cfg.strategy == "pipeline" and dims.pp < 2:
-        raise UserError(
-            f"launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got {world}"
-        )
-    task_module(cfg.task).preflight(cfg, cuda, dims)
-    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
-        raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
+
+
+def check_folders(cfg) -> None:
     if cfg.output_dir:
         writable_folder(cfg.output_dir, "output_dir")
     if cfg.checkpoint.dir:
@@ -87,60 +91,70 @@ def _forkable_main() -> bool:
     return path is None or Path(path).name in ("paratrain", "pytest", "py.test")
 
 
-def worker_imports(cfg: RunConfig) -> tuple[str, ...]:
+def worker_imports(plan: RunPlan) -> tuple[str, ...]:
     """What a worker imports before it trains, for the agent's fork server to import once."""
     # PARATRAIN_FORKSERVER=0: one `python -m paratrain.worker` per rank, as torchrun alone
     # starts them; =1 forks on GPUs too (there the workers' imports are a small part of a run).
     switch = os.environ.get("PARATRAIN_FORKSERVER", "")
     if switch == "0" or not _forkable_main():
         return ()
-    if switch != "1" and cfg.device != "cpu":
-        import torch
-
-        if cfg.device == "cuda" or torch.cuda.is_available():
-            return ()
-    task = {"causal_lm": ("transformers", "peft"), "custom": ()}.get(cfg.task, ("torchvision",))
+    if switch != "1" and plan.device == "cuda":
+        return ()
+    task = {"causal_lm": ("transformers", "peft"), "custom": ()}.get(plan.task, ("torchvision",))
     return ("paratrain.worker", "paratrain.trainer.setup", *task)
 
 
-def execute(cfg: RunConfig) -> int:
+def with_output_dir(plan: RunPlan) -> RunPlan:
+    """The plan with its run folder named (runs/<name>-<time> unless the config names one)."""
+    import dataclasses
+
+    if plan.config.output_dir:
+        return plan
+    cfg = dataclasses.replace(plan.config, output_dir=default_output_dir(plan.config.name))
+    return dataclasses.replace(plan, config=cfg)
+
+
+def execute(plan: RunPlan) -> int:
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
     if slurm:
         os.environ.update(slurm)
     if launch.launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
-        if not cfg.multiprocess and world > 1:
+        if not plan.multiprocess and world > 1:
             raise UserError(
-                f"strategy: {cfg.strategy} runs in one process but this job has {world}; use ddp-ds"
+                f"strategy: {plan.strategy} runs in one process but this job has {world}; "
+                "use ddp-ds"
             )
         if int(os.environ.get("RANK", "0")) == 0:
-            preflight(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)
-        train(cfg)
+            preflight(plan)
+        train(plan)
         return 0
-
-    nproc = cfg.launch.nproc or launch.default_nproc(cfg.multiprocess)
-    preflight(cfg, nproc)
-    if not cfg.multiprocess:
-        train(cfg)
+    preflight(plan)
+    if not plan.multiprocess:
+        train(plan)
         return 0
+    return launch_workers(with_output_dir(plan))
 
-    cfg.output_dir = cfg.output_dir or default_output_dir(cfg.name)
-    cfg.launch.nproc = nproc
-    # The workers read the resolved config from a folder of this launch's own: the run
-    # folder's config.yaml is written by rank 0 once the run's checks have passed (a refused
-    # resume or a folder of another run must leave it as it was).
+
+def launch_workers(plan: RunPlan) -> int:
+    """The plan to torchrun's agent, which starts one worker per process on this node."""
+    cfg = plan.config
+    # The workers read the plan from a folder of this launch's own: the run folder's
+    # config.yaml and plan.json are written by rank 0 once the run's checks have passed (a
+    # refused resume or a folder of another run must leave them as they were).
     with tempfile.TemporaryDirectory(prefix="paratrain-launch-") as launch_dir:
-        config_path = Path(launch_dir) / "config.yaml"
-        config_path.write_text(to_yaml(cfg))
-        argv = launch.torchrun_argv(cfg.launch, nproc, config_path)
+        plan_path = Path(launch_dir) / "plan.json"
+        plan.save(plan_path)
+        (Path(launch_dir) / "config.yaml").write_text(to_yaml(cfg))
+        argv = launch.torchrun_argv(cfg.launch, plan.nproc, plan_path)
         print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
         errors = Path(launch_dir) / "errors"
         errors.mkdir()
         os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
         # the workers' thread count, set here (torchrun would set 1 and print a banner)
-        os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, nproc))
+        os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
-            launch.run_torchrun(argv, preload=worker_imports(cfg))
+            launch.run_torchrun(argv, preload=worker_imports(plan))
         except Exception as e:  # torchrun's ChildFailedError
             mistake = first_worker_error(errors)
             if mistake:  # a worker found a user mistake: one line, once, for the whole job

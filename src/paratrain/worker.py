@@ -1,26 +1,26 @@
-"""Entry point of each process that torchrun's agent starts: ``python -m paratrain.worker CONFIG``,
+"""Entry point of each process that torchrun's agent starts: ``python -m paratrain.worker PLAN``,
 or, on the CPU, `forked` (the agent forks its workers from a fork server that imported what
 they need once: launch.run_torchrun).
 
-The config was resolved and validated by the launching command and written as YAML; a worker
-only loads it and trains.
+The run was resolved once, by the launching command, into a plan (runplan.RunPlan) written as
+plan.json; a worker only loads it and trains.
 """
 
 from __future__ import annotations
 
 import sys
 
-from paratrain.config import load_config
 from paratrain.errors import exit_code
+from paratrain.runplan import RunPlan
 from paratrain.trainer.loop import train
 
 
 def main(argv: list[str]) -> int:
-    (config_path,) = argv
-    return exit_code(lambda: train(load_config(config_path)))
+    (plan_path,) = argv
+    return exit_code(lambda: train(RunPlan.load(plan_path)))
 
 
-def forked(config_path: str) -> None:
+def forked(plan_path: str) -> None:
     """A worker forked by torchrun's agent from the fork server of this launch
     (launch.run_torchrun): the server started with this launch's environment, and the agent
     has set the rank's own variables; then main."""
@@ -37,7 +37,7 @@ def forked(config_path: str) -> None:
             name,
             io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, write_through=True),
         )
-    code = main([config_path])
+    code = main([plan_path])
     if code:
         raise SystemExit(code)
 

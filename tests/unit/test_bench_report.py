@@ -318,7 +318,9 @@ def test_the_fastest_recipe_is_what_the_speed_sweep_measured():
         if r.label == "paratrain fastest" and r.params["launch.nproc"] == 1
     ]
     measured = dataclasses.asdict(run.config)
-    recipe = dataclasses.asdict(load_config(RECIPES / "mnist_sample_mobilenetv2_fastest.yaml"))
+    from paratrain.runplan import plan_of
+
+    recipe = dataclasses.asdict(plan_of(RECIPES / "mnist_sample_mobilenetv2_fastest.yaml").config)
     # the sweep's short runs: 60 steps, no evaluation, no checkpoint, no progress bar
     short_run = {"train.max_steps", "train.warmup_steps", "train.eval", "checkpoint.at_end"}
     short_run.add("launch.nproc")  # the sweep's axis; --nproc on the command line

@@ -70,6 +70,7 @@ def test_numa_affinity_is_torchruns_own_binding_and_needs_a_gpu(tmp_path):
     from paratrain.config import load_config
     from paratrain.errors import UserError
     from paratrain.runner import preflight
+    from paratrain.runplan import resolve
 
     argv = torchrun_argv(LaunchConfig(numa_affinity="node"), 8, Path("c.yaml"))
     assert "--numa-binding=node" in argv
@@ -84,4 +85,4 @@ def test_numa_affinity_is_torchruns_own_binding_and_needs_a_gpu(tmp_path):
         ["device=cpu", "strategy=ddp-ds", "launch.numa_affinity=node", f"output_dir={tmp_path}"],
     )
     with pytest.raises(UserError, match="launch.numa_affinity: binds each rank near its GPU"):
-        preflight(cfg, 2)
+        preflight(resolve(cfg))

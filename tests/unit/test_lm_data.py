@@ -200,6 +200,7 @@ def test_a_tiny_llama_learns_the_python_docs(tmp_path):
     from conftest import TINY_LM
 
     from paratrain.config import load_config
+    from paratrain.runplan import resolve
     from paratrain.trainer.loop import train
 
     settings = [s for s in TINY_LM if not s.startswith("data.source")]
@@ -216,7 +217,7 @@ def test_a_tiny_llama_learns_the_python_docs(tmp_path):
             f"output_dir={tmp_path}",
         ],
     )
-    assert cfg.task == "causal_lm"
+    assert resolve(cfg).task == "causal_lm"  # task auto: the first that reads python-docs
     s = train(cfg)["summary"]
     assert s["val_loss"] < 4.5  # bytes: ln(256) = 5.5 at random; real text is learnable
     assert json.loads((tmp_path / "result.json").read_text())["data_real"] is True

@@ -1,5 +1,6 @@
 """LoRA fine-tuning of a tiny random Llama in one process."""
 
+import dataclasses
 import math
 
 import torch
@@ -11,7 +12,7 @@ from paratrain.trainer.loop import train
 
 
 def capture_workload(monkeypatch) -> dict:
-    """Wrap tasks.lm.build: the dict gets the workload, its model and the weights before training."""
+    """Wrap the causal_lm task's build: the dict gets the workload, its model and the weights before training."""
     seen = {}
     build = lm_task.build
 
@@ -21,7 +22,7 @@ def capture_workload(monkeypatch) -> dict:
         seen["before"] = {n: p.detach().clone() for n, p in work.model.named_parameters()}
         return work
 
-    monkeypatch.setattr(lm_task, "build", spy)
+    monkeypatch.setattr(lm_task, "TASK", dataclasses.replace(lm_task.TASK, build=spy))
     return seen
 
 
@@ -223,7 +224,7 @@ def test_sdpa_backend_sets_the_kernel_priority_for_the_run(tmp_path, monkeypatch
         seen.append(_cur_sdpa_kernel_backends(with_priority=True)[0])
         return loss(*args, **kwargs)
 
-    monkeypatch.setattr(lm_task, "build", spy)
+    monkeypatch.setattr(lm_task, "TASK", dataclasses.replace(lm_task.TASK, build=spy))
     data = write_alpaca(tmp_path / "alpaca.json")
     cfg = load_config(
         None,

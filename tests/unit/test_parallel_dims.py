@@ -6,7 +6,8 @@ import pytest
 from paratrain.cli import main
 from paratrain.config import load_config, to_yaml
 from paratrain.distributed.parallel_dims import ParallelConfig, ParallelDims, resolve_degrees
-from paratrain.parallel.apply import data_parallel_wrapper
+from paratrain.runplan import resolve
+from paratrain.runplan.strategies import wrapper_for
 
 
 def degrees(world, **kw):
@@ -43,29 +44,32 @@ def test_dims_without_a_process_group_are_rank_zero():
     ("overrides", "expected"),
     [
         ([], ("single", {}, "distributed")),
-        (["launch.nproc=4"], ("ddp-ds", {}, "distributed")),
-        (["launch.nproc=4", "data.sampler=full"], ("ddp-full", {}, "full")),
-        (["strategy=ddp-rr"], ("ddp-rr", {}, "round-robin")),
-        (["strategy=ddp-full"], ("ddp-full", {}, "full")),
-        (["strategy=fsdp"], ("fsdp", {"dp_shard": -1}, "distributed")),
-        (["strategy=fsdp", "parallel.dp_replicate=2"], ("fsdp", {"dp_shard": -1}, "distributed")),
-        (["strategy=pipeline"], ("pipeline", {"pp": -1}, "distributed")),
+        (["launch.nproc=4"], ("ddp-ds", {"dp_replicate": 4}, "distributed")),
+        (["launch.nproc=4", "data.sampler=full"], ("ddp-full", {"dp_replicate": 4}, "full")),
+        (["strategy=ddp-rr"], ("ddp-rr", {"dp_replicate": 2}, "round-robin")),
+        (["strategy=ddp-full"], ("ddp-full", {"dp_replicate": 2}, "full")),
+        (["strategy=fsdp"], ("fsdp", {"dp_shard": 2}, "distributed")),
+        (
+            ["strategy=fsdp", "parallel.dp_replicate=2", "launch.nproc=4"],
+            ("fsdp", {"dp_replicate": 2, "dp_shard": 2}, "distributed"),
+        ),
+        (["strategy=pipeline"], ("pipeline", {"pp": 2}, "distributed")),
         (
             ["data.source=synthetic-text", "model.init=random", "model.shape=tiny"]
             + ["parallel.tp=2", "launch.nproc=4"],
-            ("auto", {"tp": 2}, "distributed"),
+            ("auto", {"tp": 2, "dp_replicate": 2}, "distributed"),
         ),
     ],
 )
 def test_strategy_names_are_shorthands_for_degrees(overrides, expected):
-    strategy, set_degrees, sampler = expected
-    cfg = load_config(None, overrides)
-    assert cfg.strategy == strategy and cfg.data.sampler == sampler
-    for axis, value in set_degrees.items():
-        assert getattr(cfg.parallel, axis) == value
-    # config.yaml, as the workers read it, resolves to the same
-    again = load_config_from_yaml(to_yaml(cfg))
-    assert again.to_dict() == cfg.to_dict()
+    """On a CPU machine (2 processes unless launch.nproc says otherwise)."""
+    strategy, degrees, sampler = expected
+    plan = resolve(load_config(None, overrides))
+    assert plan.strategy == strategy and plan.layout.sampler == sampler
+    assert {k: v for k, v in plan.degrees.items() if v != 1} == degrees
+    # config.yaml, as a run folder keeps it, resolves to the same plan
+    again = resolve(load_config_from_yaml(to_yaml(plan.config)))
+    assert again.to_dict() == plan.to_dict()
 
 
 def load_config_from_yaml(text):
@@ -80,16 +84,16 @@ def load_config_from_yaml(text):
 
 def test_which_wrapper_the_data_parallel_axes_take():
     def dims(**kw):
-        return ParallelDims(**{"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1, **kw})
+        return {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1, **kw}
 
-    assert data_parallel_wrapper("ddp-ds", dims(dp_replicate=2)) == "ddp"
-    assert data_parallel_wrapper("ddp-ds", dims()) == "ddp"  # DDP on one rank, as before
-    assert data_parallel_wrapper("fsdp", dims()) == "fsdp"
-    assert data_parallel_wrapper("auto", dims(dp_replicate=2, dp_shard=2)) == "fsdp"  # HSDP
-    assert data_parallel_wrapper("auto", dims(dp_replicate=2, tp=2)) == "fsdp"  # DTensors
-    assert data_parallel_wrapper("auto", dims(dp_replicate=2, pp=2)) == "fsdp"
-    assert data_parallel_wrapper("auto", dims(tp=2)) is None
-    assert data_parallel_wrapper("single", dims()) is None
+    assert wrapper_for("ddp-ds", dims(dp_replicate=2)) == "ddp"
+    assert wrapper_for("ddp-ds", dims()) == "ddp"  # DDP on one rank, as before
+    assert wrapper_for("fsdp", dims()) == "fsdp"
+    assert wrapper_for("auto", dims(dp_replicate=2, dp_shard=2)) == "fsdp"  # HSDP
+    assert wrapper_for("auto", dims(dp_replicate=2, tp=2)) == "fsdp"  # DTensors
+    assert wrapper_for("auto", dims(dp_replicate=2, pp=2)) == "fsdp"
+    assert wrapper_for("auto", dims(tp=2)) is None
+    assert wrapper_for("single", dims()) is None
 
 
 LM = [

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from paratrain.parallel import STRATEGIES
+from paratrain.runplan.strategies import STRATEGIES
 
 
 def test_the_paratrain_command_finds_a_builder_in_the_working_directory(tmp_path):

@@ -13,7 +13,6 @@ from pathlib import Path
 from paratrain.bench.store import Row, Store
 from paratrain.bench.sweep import RunSpec, Sweep
 from paratrain.config import to_yaml
-from paratrain.launch import default_nproc
 from paratrain.metrics import git_commit
 
 PEER_MODULES = {
@@ -37,7 +36,7 @@ def command_for(run: RunSpec, run_dir: Path) -> list[str]:
     module = PEER_MODULES[run.program]
     if run.program == "sol":
         return [py, "-m", module, str(config_path), str(run_dir)]
-    nproc = run.config.launch.nproc or default_nproc(run.config.multiprocess)
+    nproc = run.plan.nproc
     return [
         py,
         "-m",

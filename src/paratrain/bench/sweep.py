@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paratrain.config import RunConfig, load_config, read_yaml
+from paratrain.config import RunConfig, load_config, parse_override, read_yaml
 from paratrain.errors import ConfigError
+from paratrain.runplan import resolve
 
 PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol", "hf_lora")
 TABLES = ("dp_modes", "precision", "pin_memory", "variants", "llm", "sync", "plain")
@@ -57,6 +58,8 @@ class RunSpec:
     repeat: int
     timeout_s: float | None = None
     """This variant's own time limit (a variant's timeout_s); None: the sweep's."""
+    plan: Any = None
+    """runplan.RunPlan of `config` (which is the plan's config: sources decided)."""
 
     @property
     def key(self) -> str:
@@ -152,11 +155,9 @@ def _only(variants: list, texts: list[str]) -> list:
 def _same_threads(runs: list[RunSpec]) -> None:
     """Every run of a sweep computes with the same threads per process: the cores over the
     largest process count (a run that sets launch.cpu_threads keeps its own)."""
-    from paratrain.launch import cores, default_nproc
+    from paratrain.launch import cores
 
-    widest = max(
-        (r.config.launch.nproc or default_nproc(r.config.multiprocess) for r in runs), default=1
-    )
+    widest = max((r.plan.nproc for r in runs), default=1)
     for r in runs:
         if r.config.launch.cpu_threads is None:
             r.config.launch.cpu_threads = max(1, cores() // widest)
@@ -226,10 +227,17 @@ def load_sweep(
             grid, f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
         ):
             overrides = common + extra + _as_overrides(point, "sweep.grid")
-            cfg = load_config(recipe_path, [f"name={name}", *overrides])
+            plan = resolve(
+                load_config(recipe_path, [f"name={name}", *overrides]),
+                given=[parse_override(o)[0] for o in overrides],
+            )
             params = {**(variant.get("set") or {}), **point}
             for r in range(repeats):
-                runs.append(RunSpec(name, label, program, params, overrides, cfg, r, own_timeout))
+                runs.append(
+                    RunSpec(
+                        name, label, program, params, overrides, plan.config, r, own_timeout, plan
+                    )
+                )
     _same_threads(runs)
     return Sweep(
         name,

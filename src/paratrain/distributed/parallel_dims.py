@@ -18,52 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-AXES = ("pp", "dp_replicate", "dp_shard", "tp")
-
-
-@dataclass(kw_only=True)
-class ParallelConfig:
-    """Degrees of parallelism (parallel.*): their product is the number of processes."""
-
-    dp_replicate: int | None = None
-    """Data-parallel replicas (DDP; with dp_shard > 1, the replicated axis of HSDP). null: the
-    ranks the other degrees leave, or 1 when another degree is -1."""
-    dp_shard: int = 1
-    """Data-parallel ranks that shard weights, gradients and optimizer state among themselves
-    (FSDP2); -1: the ranks the other degrees leave."""
-    tp: int = 1
-    """Tensor parallel: each decoder layer's projections split over this many ranks (language
-    models; torch.distributed.tensor.parallel); -1: the ranks the others leave."""
-    pp: int = 1
-    """Pipeline stages, one per rank along this axis (torch.distributed.pipelining; pipeline.*
-    sets micro-batches and schedule); -1: the ranks the others leave."""
-    sequence_parallel: bool = True
-    """With tp > 1: the norms and residual stream are split along the sequence between the
-    tensor-parallel ranks too (less activation memory, reduce-scatter + all-gather in place of
-    all-reduce)."""
-    loss_parallel: bool = True
-    """With tp > 1 (and pp = 1): lm_head's logits stay split over the vocabulary and the
-    cross-entropy is computed on the shards (torch's loss_parallel); false gathers whole logits."""
-    cpu_offload: bool = False
-    """With FSDP (strategy=fsdp, dp_shard > 1, or fsdp on one GPU): the sharded weights,
-    gradients and optimizer state live in host memory and the optimizer step runs on the CPU
-    (FSDP2's CPUOffloadPolicy); each block's weights come to the GPU for its forward and
-    backward. For models whose training state does not fit the GPUs; slower."""
-
-    def __post_init__(self) -> None:
-        for axis in AXES:
-            value = getattr(self, axis)
-            if value is not None and value != -1 and value < 1:
-                raise ValueError(f"{axis}: must be >= 1 or -1 (infer), got {value}")
-        inferred = [a for a in AXES if getattr(self, a) == -1]
-        if len(inferred) > 1:
-            raise ValueError(
-                f"{inferred[1]}: only one degree can be -1 (inferred); got -1 for "
-                f"{' and '.join(inferred)}"
-            )
-
-    def degrees(self) -> dict[str, int | None]:
-        return {axis: getattr(self, axis) for axis in AXES}
+from paratrain.config.parallel import AXES, ParallelConfig  # noqa: F401 (the config leaf, named here too)
 
 
 def resolve_degrees(cfg: ParallelConfig, world_size: int) -> dict[str, int]:

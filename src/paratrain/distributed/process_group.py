@@ -11,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from paratrain.config.launch import DistConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
 
 GENERATION = "PARATRAIN_GENERATION"
@@ -19,31 +20,6 @@ GENERATION = "PARATRAIN_GENERATION"
 def generation() -> int:
     """Which start of the job's workers this is (0: the first; more after restarts)."""
     return int(os.environ.get(GENERATION, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-
-
-@dataclass(kw_only=True)
-class DistConfig:
-    """The process group's settings (dist.*)."""
-
-    timeout_s: float = 600.0
-    """How long a collective may wait for the slowest rank before the job fails (NCCL's watchdog
-    aborts it; gloo raises): a rank that died or hangs costs at most this long."""
-    watchdog_s: float = 60.0
-    """A rank whose step has not finished this many seconds after the others' (or after the
-    running median step time x 10, if longer) is named, with its phase, on rank 0's output;
-    0: no watchdog."""
-    flight_recorder: int = 2000
-    """Collectives each rank remembers (PyTorch's flight recorder, NCCL and gloo), dumped to
-    <output_dir>/flight_recorder/ when the watchdog names a rank and when an NCCL collective
-    times out; `paratrain flight <output_dir>` reads them. 0: off."""
-
-    def __post_init__(self) -> None:
-        if self.flight_recorder < 0:
-            raise ValueError(f"flight_recorder: must be >= 0, got {self.flight_recorder}")
-        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
-            raise ValueError(f"timeout_s: must be a finite number > 0, got {self.timeout_s}")
-        if not self.watchdog_s >= 0 or self.watchdog_s == float("inf"):
-            raise ValueError(f"watchdog_s: must be a finite number >= 0, got {self.watchdog_s}")
 
 
 @dataclass(frozen=True)

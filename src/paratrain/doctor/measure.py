@@ -203,13 +203,13 @@ def disk(path: str | None, mib: int) -> dict:
 def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
     """The recipe's data loader alone (its batches, no model) against a few training steps of
     the recipe in this process: is the loader the bottleneck?"""
-    from paratrain.config import load_config
     from paratrain.data.loader import build_data
+    from paratrain.runplan import plan_of
     from paratrain.trainer.loop import train
 
     steps = 8 if quick else 30
     with tempfile.TemporaryDirectory(prefix="paratrain-doctor-") as scratch:
-        cfg = load_config(
+        plan = plan_of(
             recipe,
             [
                 "strategy=single",
@@ -223,7 +223,8 @@ def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
                 f"output_dir={scratch}/run",
             ],
         )
-        if cfg.task != "image_classification":
+        cfg = plan.config
+        if plan.task != "image_classification":
             return [row("loader alone", None, "samples/s", note="image recipes only")]
         device = torch.device(
             "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
@@ -245,7 +246,7 @@ def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
             if i >= 2 + steps:
                 break
         loader = seen / max(time.perf_counter() - t0, 1e-9)
-        result = train(cfg)
+        result = train(plan)
     summary = result["summary"]
     step = summary["unique_samples_per_s"]
     workers = cfg.data.num_workers

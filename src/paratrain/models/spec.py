@@ -21,25 +21,6 @@ and models/causal_lm/spec.py (Hugging Face causal LMs of the Llama layout).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from torch import nn
+from paratrain.protocols import ModelSpec  # noqa: F401 (declared beside the Task)
 
 
-class ModelSpec(Protocol):
-    family: str
-    flops_formula: str | None  # what flops_per_token counts, quoted in result.json
-
-    def blocks(self, model: nn.Module) -> list[nn.Module]: ...
-
-    def pipeline_units(self, model: nn.Module) -> int: ...
-
-    def make_stage(
-        self, model: nn.Module, keep: range, stage: int, stages: int, **options: Any
-    ) -> nn.Module: ...
-
-    def split_units(self, model: nn.Module) -> list[nn.Module]: ...
-
-    def tp_plan(self, model: nn.Module, **options: Any) -> dict[str, Any]: ...
-
-    def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float | None: ...

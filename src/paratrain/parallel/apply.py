@@ -20,28 +20,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from paratrain.parallel import STRATEGIES
 from paratrain.parallel.ac import apply_activation_checkpointing
 from paratrain.parallel.ddp import apply_ddp, apply_dp
 from paratrain.parallel.fsdp import apply_fsdp
 from paratrain.parallel.tp import apply_tp
 
 Wrapper = Literal["ddp", "fsdp", "data-parallel", None]
-
-
-def data_parallel_wrapper(strategy: str, dims) -> Wrapper:
-    """Which wrapper the data-parallel axes take. DDP holds neither DTensor weights (tensor
-    parallelism) nor a pipeline schedule's several forwards before each backward (its reducer
-    expects one), so there the replicated axis is FSDP2's too, on a dp_replicate x dp_shard mesh
-    whose dp_shard of 1 shards nothing."""
-    named = STRATEGIES[strategy].wrapper
-    if named == "data-parallel":
-        return named
-    if dims.dp_shard > 1 or named == "fsdp":
-        return "fsdp"
-    if dims.dp_replicate > 1:
-        return "fsdp" if dims.tp > 1 or dims.pp > 1 else "ddp"
-    return named
 
 
 def parallelize(

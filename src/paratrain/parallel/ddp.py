@@ -4,59 +4,13 @@ DistributedDataParallel over the mesh's data-parallel group, with its communicat
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-
-@dataclass(kw_only=True)
-class DDPConfig:
-    """DistributedDataParallel's settings (strategies ddp-full, ddp-rr, ddp-ds)."""
-
-    bucket_cap_mb: float = 25.0
-    """Gradient bucket size (MiB): a bucket is all-reduced as soon as its gradients are ready, so
-    smaller buckets start communicating earlier in backward, with more calls."""
-    gradient_as_bucket_view: bool = False
-    """Gradients are views into the all-reduce buckets: no copy into and out of them, less memory."""
-    static_graph: bool = False
-    """The model uses the same parameters every step: DDP skips per-step bookkeeping."""
-    broadcast_buffers: bool = True
-    """Copy rank 0's buffers (BatchNorm running statistics) to every rank before each forward, as
-    DDP does by default. false skips that collective (and its per-buffer copies, which made a
-    compiled MobileNetV2 step host-bound: 1,455 -> 1,781 img/s on one H200 with the two settings
-    above): each rank keeps the statistics of its own batches, which training in train mode does
-    not read; paratrain averages them over the ranks before each evaluation and checkpoint."""
-    gradient_compression: Literal["none", "fp16", "bf16", "int8", "powersgd"] = "none"
-    """How gradients travel in the all-reduce (DDP communication hooks from
-    torch.distributed.algorithms.ddp_comm_hooks): none, as computed (fp32 for fp32 weights);
-    fp16 / bf16, each bucket cast to 16 bits for the all-reduce and back (half the bytes, the
-    rounding of a 16-bit number); int8, every 512 gradients scaled by their largest on any rank
-    and sent as 8-bit integers (an all-gather: the seed's 8-bit quantisation, about a quarter of
-    fp32's bytes; every element within its chunk's max|g| / 254 of the exact mean); powersgd,
-    each gradient matrix sent as a low-rank product (PowerSGD with error feedback: far fewer
-    bytes, an approximation the next steps correct)."""
-    powersgd_rank: int = 1
-    """PowerSGD: the rank of the approximation (higher: closer to the exact gradient, more bytes)."""
-    powersgd_start_step: int = 10
-    """PowerSGD: plain all-reduces for this many steps first (at least 2), while the gradients
-    change fastest."""
-    split_compiled_graph: bool = True
-    """With train.compile: split the compiled graph at bucket boundaries (TorchDynamo's
-    DDPOptimizer) so the all-reduce of early buckets overlaps the rest of backward. false keeps
-    one graph (more fusion, fewer launches); the all-reduce then waits for the whole backward,
-    which costs little when the gradients are small."""
-
-    def __post_init__(self) -> None:
-        if self.bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb: must be > 0, got {self.bucket_cap_mb}")
-        if self.powersgd_rank < 1:
-            raise ValueError(f"powersgd_rank: must be >= 1, got {self.powersgd_rank}")
-        if self.powersgd_start_step < 2:
-            # PowerSGDState refuses 1 with error feedback: the first step builds its state
-            raise ValueError(f"powersgd_start_step: must be >= 2, got {self.powersgd_start_step}")
+from paratrain.config.parallel import DDPConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.protocols import unwrap  # noqa: F401 (one definition, for every part)
 
 
 def apply_dp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -200,16 +154,3 @@ def average_buffers(model: nn.Module, group=None) -> None:
                 b.copy_(mean)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under DP/DDP and torch.compile wrappers, and under wrappers without
-    parameters of their own that name the module inside (`state_dict_root`: the causal LM's loss
-    wrapper), so checkpoints carry the model's own parameter names whatever wraps it."""
-    while True:
-        if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif getattr(model, "state_dict_root", None):
-            model = getattr(model, model.state_dict_root)
-        else:
-            return model

@@ -19,49 +19,17 @@ last micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from paratrain.config.parallel import PipelineConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-
-
-@dataclass(kw_only=True)
-class PipelineConfig:
-    """Pipeline parallelism's settings (parallel.pp > 1, or strategy=pipeline)."""
-
-    microbatches: int = 4
-    """Micro-batches per step: each stage works on one while the others work on the rest. More
-    of them shrink the idle 'bubble' ((stages-1)/(microbatches+stages-1) of the step) but give
-    each kernel less work. data.batch_size must divide by it."""
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
-    """gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
-    1f1b: one forward, one backward in turn once the pipe is full (at most `stages` held);
-    interleaved-1f1b (Narayanan et al. 2021, language models): each rank holds
-    stages_per_rank smaller stages, looped (rank r holds stages r, r + pp, ...), which shrinks
-    the bubble by that factor for as many more activation sends."""
-    stages_per_rank: int = 2
-    """With interleaved-1f1b: the stages each rank holds (the decoder layers are cut into
-    pp x stages_per_rank stages). The other schedules hold one."""
-    boundaries: list[int] = field(default_factory=list)
-    """Unit indices where stages 2, 3, ... begin (one fewer than the stages), to balance the
-    stages' compute by hand: MobileNetV2's early blocks work on large images with few weights.
-    Units are an image model's stem / blocks / head, a language model's decoder layers (the
-    embedding goes with the first stage, norm and lm_head with the last). Empty: near-equal
-    unit counts."""
-
-    def __post_init__(self) -> None:
-        if self.stages_per_rank < 1:
-            raise ValueError(f"stages_per_rank: must be >= 1, got {self.stages_per_rank}")
-        if self.microbatches < 1:
-            raise ValueError(f"microbatches: must be >= 1, got {self.microbatches}")
-        b = self.boundaries
-        if any(x < 1 for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
-            raise ValueError(f"boundaries: must be increasing block indices >= 1, got {b}")
+from paratrain.protocols import PipelineHooks  # noqa: F401 (tasks declare them there)
 
 
 def stage_ranges(
@@ -100,23 +68,6 @@ def local_stages(dims, cfg: PipelineConfig) -> tuple[list[int], int]:
     return [dims.pp_rank + k * dims.pp for k in range(per_rank)], dims.pp * per_rank
 
 
-def check_interleaved(cfg: PipelineConfig, pp: int, model_cuts: bool) -> None:
-    """An interleaved schedule's needs, before launch: a model whose spec makes several stages
-    per rank (model_cuts), and micro-batches in whole rounds over the pipeline ranks."""
-    if pp < 2 or not cfg.schedule.startswith("interleaved"):
-        return
-    if not model_cuts:
-        raise UserError(
-            "pipeline.schedule: interleaved stages are built for language models; an image "
-            "model's pipeline runs gpipe or 1f1b"
-        )
-    if cfg.microbatches % pp:
-        raise UserError(
-            f"pipeline.microbatches: the interleaved schedule takes a multiple of the {pp} "
-            f"pipeline ranks, got {cfg.microbatches}"
-        )
-
-
 def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any) -> list[nn.Module]:
     """This rank's stages of `model`, cut in place (before tensor parallelism and wrapping):
     [model] itself for one stage per rank; under an interleaved schedule one module per stage,
@@ -129,24 +80,6 @@ def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any)
     if len(mine) == 1:
         return [spec.make_stage(model, ranges[mine[0]], mine[0], total, **options)]
     return spec.make_stages(model, [(s, ranges[s]) for s in mine], total, **options)
-
-
-@dataclass
-class PipelineHooks:
-    """What a task tells the schedule (tasks/*.py)."""
-
-    split: Callable[[Any], tuple[torch.Tensor, torch.Tensor, Any]]
-    """batch -> (the first stage's input, the last stage's target, number of loss terms)."""
-    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """(last stage's output, target) -> the micro-batch's summed loss."""
-    score: Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
-    """(output, target) -> held-out sums (correct and total; summed loss and tokens)."""
-    summarize: Callable[[dict[str, float]], dict[str, float]]
-    """Summed held-out counts over the ranks -> metrics."""
-    score_keys: tuple[str, ...]
-    """The names score returns (every rank sums them, the stages without scores too)."""
-    tokens: Callable[[Any], Any] = lambda batch: None
-    """batch -> the tokens it holds, for tokens/s (None for images)."""
 
 
 @dataclass

@@ -11,30 +11,11 @@ pipeline (parallel.pp) overlaps the GPUs instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
+from paratrain.config.parallel import SplitConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
-
-
-@dataclass(kw_only=True)
-class SplitConfig:
-    """strategy=split's settings."""
-
-    devices: int | None = None
-    """GPUs to spread the model over; default every visible GPU. On a CPU-only machine, 2 parts
-    that both stay on the CPU (the code path runs; nothing is faster)."""
-    boundaries: list[int] = field(default_factory=list)
-    """Unit indices where parts 2, 3, ... begin; empty: near-equal unit counts."""
-
-    def __post_init__(self) -> None:
-        if self.devices is not None and self.devices < 1:
-            raise ValueError(f"devices: must be >= 1, got {self.devices}")
-        b = self.boundaries
-        if any(x < 1 for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
-            raise ValueError(f"boundaries: must be increasing unit indices >= 1, got {b}")
 
 
 def split_devices(cfg: SplitConfig, device: torch.device) -> list[torch.device]:

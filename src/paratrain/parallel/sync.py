@@ -18,49 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-Mode = Literal["every_step", "local_sgd", "diloco", "stale"]
-
-
-@dataclass(kw_only=True)
-class SyncConfig:
-    """How often the data-parallel replicas (DDP) agree."""
-
-    mode: Mode = "every_step"
-    """every_step: DDP all-reduces every step's gradients (exact: equals one process with the
-    whole batch). local_sgd: each replica steps alone; the parameters are averaged every
-    `every_steps` steps (torch.distributed.algorithms.model_averaging). diloco: each replica's
-    inner optimizer steps alone for `every_steps` steps, then the mean change is applied by an
-    outer Nesterov SGD (arXiv 2311.08105). stale: each step's gradient all-reduce runs during the
-    next step's forward and backward and is applied one step late."""
-    every_steps: int = 16
-    """local_sgd / diloco: local steps between two averagings (DiLoCo's H)."""
-    warmup_steps: int = 0
-    """Synchronous steps (every_step) first, while the model changes fastest."""
-    outer_lr: float = 0.7
-    """diloco: the outer optimizer's learning rate (1 with no momentum: plain averaging)."""
-    outer_momentum: float = 0.9
-    """diloco: the outer optimizer's Nesterov momentum (0: none)."""
-    simulated_gbps: float = 0.0
-    """A simulated slow link (0: off): every gradient / parameter collective completes no sooner
-    than its payload at this many Gbit/s (parallel/slowlink.py), to see on one machine where each
-    mode pays. A simulation, stated in result.json."""
-
-    def __post_init__(self) -> None:
-        if self.every_steps < 1:
-            raise ValueError(f"every_steps: must be >= 1, got {self.every_steps}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
-        if self.outer_lr <= 0 or not 0 <= self.outer_momentum < 1:
-            raise ValueError("outer_lr must be > 0 and outer_momentum in [0, 1)")
-        if self.simulated_gbps < 0:
-            raise ValueError(f"simulated_gbps: must be >= 0 (0: off), got {self.simulated_gbps}")
+from paratrain.config.parallel import Mode, SyncConfig  # noqa: F401 (the config leaf, named here too)
 
 
 def nbytes(tensors) -> int:

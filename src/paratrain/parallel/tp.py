@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from paratrain.protocols import whole_tensor  # noqa: F401 (one definition, for every part)
+
 
 def apply_tp(model: nn.Module, plan: dict[str, Any], mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import parallelize_module
@@ -31,12 +33,6 @@ def apply_tp(model: nn.Module, plan: dict[str, Any], mesh) -> nn.Module:
         if name in frozen:
             p.requires_grad_(False)
     return model
-
-
-def whole_tensor(t):
-    """A value computed on shards (a DTensor: the loss over vocabulary shards) as a plain tensor;
-    a plain tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def replicate_partial_grads(params: list) -> None:

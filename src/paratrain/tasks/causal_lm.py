@@ -11,6 +11,7 @@ import torch
 from paratrain.data.loader import (
     PLAIN_TEXT,
     TEXT_FORMATS,
+    TEXT_SOURCES,
     OnDevice,
     loader_workers,
     rank_loaders,
@@ -23,29 +24,20 @@ from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_f
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
-from paratrain.parallel.pipeline import PipelineHooks, check_interleaved, local_stages
-from paratrain.parallel.tp import whole_tensor
-from paratrain.tasks import Workload
+from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
 
 
-def check(cfg) -> None:
+def check(cfg, layout: Layout) -> None:
     """Config-time checks of this task (ValueError naming the field)."""
-    m, p = cfg.model, cfg.parallel
-    if m.path is None and m.init != "random":
-        raise ValueError(
-            "model.path: a text data set fine-tunes a language model; set model.path to a "
-            "Hugging Face checkpoint, or model.init=random with model.shape"
-        )
-    if cfg.strategy == "dp":
-        raise ValueError("strategy: dp is for image models; use ddp-ds or fsdp for language models")
+    m = cfg.model
     if m.loss_chunk_tokens and "lm_head" in cfg.lora.target_modules:
         raise ValueError(
             "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
             "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
         )
-    if p.tp != 1:
+    if layout.tp_enabled:
         for field, value, off in (
             ("model.kernels", m.kernels, "none"),
             ("model.fp8", m.fp8, "none"),
@@ -58,7 +50,7 @@ def check(cfg) -> None:
                 )
         if cfg.lora.enabled and "lm_head" in cfg.lora.target_modules:
             raise ValueError("lora.target_modules: lm_head takes no adapter under parallel.tp")
-    if p.pp != 1:
+    if "pp" in layout.uses:
         if cfg.data.packing:
             raise ValueError(
                 "data.packing: packed rows need a block-diagonal mask, which pipeline stages do "
@@ -106,7 +98,7 @@ def model_config(cfg):
     return config
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
     check_kernels(cfg.model.kernels, "cuda" if cuda else "cpu")
     check_fp8(cfg.model.fp8, "cuda" if cuda else "cpu")
     if cfg.data.source in TEXT_FORMATS:
@@ -117,14 +109,14 @@ def preflight(cfg, cuda: bool, dims) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
-    mine, _ = local_stages(dims, cfg.pipeline)
-    check_parallel(model_config(cfg), tp=dims.tp, pp=dims.pp, per_rank=len(mine))
-    check_interleaved(cfg.pipeline, dims.pp, model_cuts=True)
+    check_parallel(model_config(cfg), tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
     d = cfg.data
-    if d.packing or dims.pp > 1:  # rows are exactly max_length wide
+    if d.packing or layout.pp > 1:  # rows are exactly max_length wide
         need = {
             "model.fp8 (float8 matmuls)": 16 if cfg.model.fp8 != "none" else 1,
-            "sequence parallelism (parallel.tp)": dims.tp if cfg.parallel.sequence_parallel else 1,
+            "sequence parallelism (parallel.tp)": layout.tp
+            if cfg.parallel.sequence_parallel
+            else 1,
         }
         for why, multiple in need.items():
             if d.max_length % multiple:
@@ -187,10 +179,12 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     return {"val_loss": mean, "val_perplexity": float(torch.exp(torch.tensor(min(mean, 50.0))))}
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+def build(ctx: BuildContext) -> Workload:
     from paratrain.lm.tokenizer import load_tokenizer
 
+    cfg, policy, layout, device = ctx.cfg, ctx.policy, ctx.layout, ctx.device
     d, m = cfg.data, cfg.model
+    tp_enabled, pp = layout.tp_enabled, layout.pp
     tokenizer = load_tokenizer(m.path)
     # Frozen base weights live in the autocast dtype (half the memory); trainable ones in fp32.
     base_dtype = (
@@ -199,22 +193,22 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         else policy.param_dtype
     )
     model = build_causal_lm(
-        m.path, m.init, m.shape, m.attn_implementation, base_dtype, env.device, m.layers
+        m.path, m.init, m.shape, m.attn_implementation, base_dtype, device, m.layers
     )
     # the KV cache is for generation; training only wastes memory on it
     model.config.use_cache = False
-    model = apply_kernels(model, m.kernels, env.device)
-    model = apply_fp8(model, m.fp8, env.device)
-    model = apply_lora(model, cfg.lora).to(env.device)
+    model = apply_kernels(model, m.kernels, device)
+    model = apply_fp8(model, m.fp8, device)
+    model = apply_lora(model, cfg.lora).to(device)
     spec = CausalLMSpec()
     compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
-    if m.loss_chunk_tokens or m.kernels != "none" or dims.tp_enabled or compiled_loss:
+    if m.loss_chunk_tokens or m.kernels != "none" or tp_enabled or compiled_loss:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;
         # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
 
-    examples = _examples(cfg, tokenizer, model.config.vocab_size, env.is_main)
+    examples = _examples(cfg, tokenizer, model.config.vocab_size, ctx.is_main)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
     val_ex, train_ex = examples[:n_val], examples[n_val:]
     if d.packing and m.fp8 != "none" and d.max_length % 16:
@@ -227,33 +221,34 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         val_rows = lmdata.pack(val_ex, d.max_length, tokenizer.pad_token_id)
     else:
         train_rows, val_rows = train_ex, val_ex
-    needed = loader_batch * (dims.dp_size if d.sampler != "full" else 1)
+    needed = ctx.loader_batch * (ctx.dp_size if layout.sampler != "full" else 1)
     if len(train_rows) < needed:
         raise UserError(
             f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
         )
     # Row widths: float8 matmuls need multiples of 16; sequence parallelism splits the sequence
     # over the tp ranks; a pipeline's stages exchange fixed-size activations, so its rows are
     # max_length wide.
     multiple = 16 if m.fp8 != "none" else 1
-    if dims.tp_enabled and cfg.parallel.sequence_parallel:
-        multiple = math.lcm(multiple, dims.tp)
+    if tp_enabled and cfg.parallel.sequence_parallel:
+        multiple = math.lcm(multiple, layout.tp)
     collate = lmdata.Collate(
         tokenizer.pad_token_id,
         d.packing,
         multiple,
-        width=d.max_length if dims.pp > 1 else None,
+        width=d.max_length if pp > 1 else None,
     )
-    pin = d.pin_memory and env.device.type == "cuda"
+    pin = d.pin_memory and device.type == "cuda"
     train, val, sampler = rank_loaders(
         lmdata.TokenRows(train_rows),
         lmdata.TokenRows(val_rows) if val_rows else None,
         d,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
+        sampler=layout.sampler,
+        rank=ctx.dp_rank,
+        world=ctx.dp_size,
         seed=cfg.seed,
-        loader_batch=loader_batch,
+        loader_batch=ctx.loader_batch,
         even_val=True,  # under FSDP every forward is a collective: the same count everywhere
         collate_fn=collate,
         num_workers=loader_workers(d.num_workers),
@@ -265,9 +260,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def on_device(loader):
         return OnDevice(
             loader,
-            lambda batch: {
-                k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
-            },
+            lambda batch: {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()},
         )
 
     def loss(model, batch):
@@ -279,15 +272,15 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def evaluate(model, loader) -> dict[str, float]:
         """Token-weighted held-out loss (and perplexity), summed over ranks."""
         model.eval()
-        total = torch.zeros((), device=env.device, dtype=torch.float64)
-        count = torch.zeros((), device=env.device, dtype=torch.float64)
+        total = torch.zeros((), device=device, dtype=torch.float64)
+        count = torch.zeros((), device=device, dtype=torch.float64)
         for batch in loader:
             n = trained_tokens(batch["labels"])
             with policy.autocast():
                 out = model(**{k: v for k, v in batch.items() if k != "num_tokens"})
                 total += whole_tensor(out.loss).double().to(total.device) * n  # split: last GPU
             count += n
-        s, c = pg.all_reduce_sum([total.item(), count.item()], env.device)
+        s, c = pg.all_reduce_sum([total.item(), count.item()], device)
         return summarize({"loss_sum": s, "tokens": c})
 
     def finish(model, out_dir: Path) -> dict[str, str]:
@@ -298,13 +291,13 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             out_dir,
             tokenizer,
             merged=cfg.lora.save_merged,
-            is_main=env.is_main,
-            pipelined=dims.pp > 1,
+            is_main=ctx.is_main,
+            pipelined=pp > 1,
         )
 
     seq_len = (
         d.max_length
-        if d.packing or d.source == "synthetic-text" or dims.pp > 1
+        if d.packing or d.source == "synthetic-text" or pp > 1
         else max(len(r[0]) for r in train_rows)
     )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -329,7 +322,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         compile_units=spec.blocks(model)
         + (
             [model.chunk_loss if model.chunk else model.whole_loss]
-            if isinstance(model, ChunkedLossLM) and model.fused == "none" and not dims.tp_enabled
+            if isinstance(model, ChunkedLossLM) and model.fused == "none" and not tp_enabled
             else []
         ),
         info={
@@ -343,4 +336,18 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "lora_targets": lora_targets(model, cfg.lora) if cfg.lora.enabled else None,
             "parameters": sum(p.numel() for p in model.parameters()),
         },
+        rows={"train": len(train_rows), "val": len(val_rows)},
     )
+
+
+TASK = Task(
+    name="causal_lm",
+    reads=TEXT_SOURCES,
+    layouts=frozenset({"single", "ddp", "fsdp", "tp", "pp", "split"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    counts_tokens=True,
+    model_keys="huggingface",
+    describes="tokens -> next-token loss, held-out loss and perplexity",
+)

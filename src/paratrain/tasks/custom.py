@@ -29,7 +29,7 @@ from torch import nn
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.tasks import Workload
+from paratrain.protocols import BuildContext, Layout, Task, Workload
 
 OBJECTS_ENV = "PARATRAIN_OBJECTS"
 _here: dict[str, Any] | None = None  # the objects, in the process that was handed them
@@ -88,17 +88,11 @@ class CustomSpec:
         return None
 
 
-def check(cfg) -> None:
-    p = cfg.parallel
-    if p.tp != 1 or p.pp != 1 or cfg.strategy in ("split", "pipeline", "tp"):
-        raise ValueError(
-            f"strategy: {cfg.strategy}: a model passed from Python trains with single, dp, "
-            "ddp-* or fsdp (tensor parallelism, pipeline stages and the split need a model "
-            "paratrain knows)"
-        )
+def check(cfg, layout: Layout) -> None:
+    """Nothing of its own: the model, data and loss are the caller's objects."""
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
     got = objects()
     if not isinstance(got.get("model"), nn.Module):
         raise UserError(f"model: expected an nn.Module, got {type(got.get('model')).__name__}")
@@ -122,35 +116,37 @@ def _moved(value: Any, device: torch.device, dtype: torch.dtype, non_blocking: b
     return value
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+def build(ctx: BuildContext) -> Workload:
+    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
     got = objects()
     model: nn.Module = got["model"]
     train_set, val_set = got["train_data"], got.get("val_data")
     loss_fn = got.get("loss") or F.cross_entropy
     d = cfg.data
-    if len(train_set) < loader_batch * dims.dp_size:
+    if len(train_set) < ctx.loader_batch * ctx.dp_size:
         raise UserError(
             f"data.batch_size: {len(train_set)} training samples are fewer than one batch on "
-            f"every data-parallel rank ({loader_batch} x {dims.dp_size})"
+            f"every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
         )
-    model = model.to(device=env.device, dtype=policy.param_dtype)
-    pin = d.pin_memory and env.device.type == "cuda"
+    model = model.to(device=device, dtype=policy.param_dtype)
+    pin = d.pin_memory and device.type == "cuda"
     train, val, sampler = rank_loaders(
         train_set,
         val_set,
         d,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
+        sampler=ctx.layout.sampler,
+        rank=ctx.dp_rank,
+        world=ctx.dp_size,
         seed=cfg.seed,
-        loader_batch=loader_batch,
-        even_val=collective_forward,  # under FSDP every forward is a collective
+        loader_batch=ctx.loader_batch,
+        even_val=ctx.even_val,  # under FSDP every forward is a collective
         num_workers=loader_workers(d.num_workers),
         pin_memory=pin,
     )
 
     def on_device(loader):
         return OnDevice(
-            loader, lambda batch: _moved(batch, env.device, policy.param_dtype, d.non_blocking)
+            loader, lambda batch: _moved(batch, device, policy.param_dtype, d.non_blocking)
         )
 
     def loss(model, batch):
@@ -161,8 +157,8 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def evaluate(model, loader) -> dict[str, float]:
         """Mean held-out loss (and accuracy for class scores), summed over ranks."""
         model.eval()
-        loss_sum = torch.zeros((), device=env.device, dtype=torch.float64)
-        correct = torch.zeros((), device=env.device, dtype=torch.float64)
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        correct = torch.zeros((), device=device, dtype=torch.float64)
         count, classified = 0, True
         for x, y in loader:
             n = y.shape[0] if isinstance(y, torch.Tensor) else len(x)
@@ -178,7 +174,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         # every rank must agree on whether accuracy means anything (a rank with no held-out
         # batch saw nothing to say no)
         flags = [loss_sum.item(), correct.item(), float(count), float(not classified and count > 0)]
-        s, c, n, unclassified = pg.all_reduce_sum(flags, env.device)
+        s, c, n, unclassified = pg.all_reduce_sum(flags, device)
         if n == 0:
             return {}
         out = {"val_loss": s / n}
@@ -200,4 +196,17 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "train_samples": len(train_set),
             "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
         },
+        rows={"train": len(train_set), "val": len(val_set) if val_set is not None else 0},
     )
+
+
+TASK = Task(
+    name="custom",
+    reads=(),
+    layouts=frozenset({"single", "dp", "ddp", "fsdp"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    model_keys="python",
+    describes="your model, data sets and loss from paratrain.train",
+)

@@ -14,50 +14,20 @@ and with `gan.classifier` two scores on a small MNIST classifier paratrain train
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
-from paratrain.data.loader import build_data
+from paratrain.config.gan import GanConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.data.loader import IMAGE_SOURCES
 from paratrain.distributed import process_group as pg
 from paratrain.models.gan import GAN, GanSpec
-from paratrain.parallel.apply import gradient_sync
 from paratrain.profiling import phase
-from paratrain.tasks import Workload
-from paratrain.tasks.image_classification import image_loader
+from paratrain.protocols import BuildContext, Layout, StepContext, Task, Workload
+from paratrain.tasks.image_classification import build_images, image_loader
 from paratrain.tasks.image_classification import preflight as image_preflight
 
 
-@dataclass(kw_only=True)
-class GanConfig:
-    latent_dim: int = 100
-    """Length of the generator's noise vector z (DCGAN's 100)."""
-    width: int = 64
-    """Channels of the first discriminator / last generator layer (the others double it)."""
-    norm: Literal["batch", "none"] = "batch"
-    """BatchNorm as in DCGAN, or none. BatchNorm normalises each rank's own share of the batch,
-    so only `none` makes N ranks the same computation as one process with the N-fold batch."""
-    classifier: str | None = None
-    """The folder of a paratrain image_classification run on the same data (28x28): scores the
-    generated digits after every epoch (fid_classifier, classifier_score); none: no score."""
-    grid: int = 64
-    """Samples in each epoch's picture (from the same fixed noise every time)."""
-
-    def __post_init__(self) -> None:
-        for key in ("latent_dim", "width", "grid"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
-
-
-def check(cfg) -> None:
-    p = cfg.parallel
-    if p.tp != 1 or p.pp != 1 or cfg.strategy in ("tp", "pipeline", "split", "dp"):
-        raise ValueError(
-            f"strategy: {cfg.strategy}: the gan task trains with single, ddp-* or fsdp (each "
-            "model under its own wrapper)"
-        )
+def check(cfg, layout: Layout) -> None:
     if cfg.sync.mode != "every_step":
         raise ValueError(f"sync.mode: {cfg.sync.mode}: the gan task synchronises every step")
     if cfg.train.grad_accum_steps != 1:
@@ -72,8 +42,8 @@ def check(cfg) -> None:
         raise ValueError("ddp.gradient_compression: not offered for the gan task")
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
-    image_preflight(cfg, cuda, dims)
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
+    image_preflight(cfg, layout, cuda)
     if cfg.gan.classifier:
         from paratrain.tasks.gan_score import classifier_folder
 
@@ -90,18 +60,9 @@ def _no_single_loss(model, batch):
     raise AssertionError("the gan task trains through its own step (Workload.step)")
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
-    g, device = cfg.gan, env.device
-    data = build_data(
-        cfg.data,
-        sampler_mode=cfg.data.sampler,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
-        seed=cfg.seed,
-        device=device,
-        loader_batch=loader_batch,
-        even_val=collective_forward,
-    )
+def build(ctx: BuildContext) -> Workload:
+    cfg, policy, device, g = ctx.cfg, ctx.policy, ctx.device, ctx.cfg.gan
+    data = build_images(ctx)
     src = data.source
     model = GAN(g.latent_dim, g.width, src.channels, g.norm).to(device, policy.param_dtype)
     mean = torch.as_tensor(src.mean, device=device).view(1, -1, 1, 1)
@@ -120,23 +81,21 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         samples r, r+W, ... so rows r, r+W, ... are its; N ranks then draw what one process
         with the N-fold batch draws."""
         gen = torch.Generator(device=device).manual_seed(seed)
-        world, rank = dims.dp_size, dims.dp_rank
+        world, rank = ctx.dp_size, ctx.dp_rank
         z = torch.randn(n * world, g.latent_dim, 1, 1, generator=gen, device=device)
         return z[rank::world].to(policy.param_dtype)
 
     def loader(source, prefetch: bool):
         return image_loader(cfg, data, source, device, policy, prefetch)
 
-    def step(run, batch) -> tuple[torch.Tensor, None, bool]:
+    def step(run: StepContext, batch) -> tuple[torch.Tensor, None, bool]:
         """One alternating update; -> (discriminator + generator loss, no tokens, applied)."""
-        from paratrain.trainer.step import finite_everywhere
-
         G, D = run.parts["generator"], run.parts["discriminator"]
-        opt_g, opt_d = run.optimizer
+        opt_g, opt_d = run.optimizers
         scaler, cuda = run.scaler, device.type == "cuda"
         real = to_gan(batch[0])
         n = len(real)
-        z = noise(cfg.seed * 1_000_003 + run.state.step, n)
+        z = noise(cfg.seed * 1_000_003 + run.step, n)
 
         def backward(loss):
             (scaler.scale(loss) if scaler else loss).backward()
@@ -152,7 +111,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         # 1. the discriminator, on a batch of real and a batch of generated images (apart:
         # BatchNorm's statistics per kind, as in PyTorch's DCGAN example). Their gradients add
         # up locally and are all-reduced (DDP) or reduce-scattered (FSDP) once, after the second.
-        with gradient_sync(D, enabled=False):
+        with run.no_sync(D):
             with phase("forward", cuda), policy.autocast():
                 loss_real = _bce(D(real), 1.0)
             with phase("backward", cuda):
@@ -163,7 +122,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         with phase("backward", cuda):
             backward(loss_fake)
         loss_d = loss_real.detach() + loss_fake.detach()
-        if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_d):
+        if not run.finite(loss_d):
             return skip(loss_d)
         with phase("optimizer", cuda):
             update(opt_d)
@@ -172,13 +131,13 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         # gradients from this backward are dropped: under DDP their all-reduce is skipped
         # (no_sync). FSDP2 would keep unsynchronised gradients apart from .grad, where
         # zero_grad does not reach them, so there they are reduced and dropped.
-        with gradient_sync(D, enabled=run.wrapper != "ddp"):
+        with run.discard(D):
             with phase("forward", cuda), policy.autocast():
                 loss_g = _bce(D(fake), 1.0)
             with phase("backward", cuda):
                 backward(loss_g)
         opt_d.zero_grad(set_to_none=True)
-        if run.cfg.train.max_bad_steps >= 0 and not finite_everywhere(run, loss_g):
+        if not run.finite(loss_g):
             return skip(loss_d + loss_g)
         with phase("optimizer", cuda):
             update(opt_g)
@@ -231,7 +190,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         with policy.autocast():  # every rank: under FSDP the generator's forward is collective
             images = model.generator(grid_z.to(policy.param_dtype)).float()
         work = workload
-        if env.is_main and work.out_dir is not None:
+        if ctx.is_main and work.out_dir is not None:
             from torchvision.utils import save_image
 
             folder = work.out_dir / "samples"
@@ -266,5 +225,17 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             if g.classifier
             else None,
         },
+        rows=data.rows(),
     )
     return workload
+
+
+TASK = Task(
+    name="gan",
+    reads=IMAGE_SOURCES,
+    layouts=frozenset({"single", "ddp", "fsdp"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    describes="a DCGAN generator and discriminator, alternating updates, held-out D/G losses",
+)

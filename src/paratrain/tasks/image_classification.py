@@ -9,23 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.data.device import DeviceLoader
-from paratrain.data.loader import build_data
+from paratrain.data.loader import IMAGE_SOURCES, build_data
 from paratrain.data.sources import find_mnist_files
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.models import build_model, resolve_builder
 from paratrain.models.vision import VisionSpec
-from paratrain.parallel.pipeline import PipelineHooks, check_interleaved
-from paratrain.tasks import Workload
+from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload
 
 
-def check(cfg) -> None:
+def check(cfg, layout: Layout) -> None:
     """Config-time checks of this task (ValueError naming the field)."""
-    if cfg.parallel.tp not in (1,):
-        raise ValueError(
-            "parallel.tp: tensor parallelism splits language models' projections; image models "
-            "train with ddp, fsdp, pipeline or split"
-        )
     if cfg.data.resize_on == "gpu" and cfg.device == "cpu":
         raise ValueError("data.resize_on: gpu needs a CUDA device, got device=cpu; use cpu")
     if cfg.model.depthwise_conv == "shift-add" and not cfg.train.compile:
@@ -35,7 +29,7 @@ def check(cfg) -> None:
         )
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
     """Missing files are named now, in one line, not by N workers; only their presence is
     checked (the workers read them), so a 60,000-image data set is not loaded twice."""
     if not cuda and cfg.data.resize_on == "gpu":
@@ -48,7 +42,6 @@ def preflight(cfg, cuda: bool, dims) -> None:
             f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
         )
     resolve_builder(cfg.model.name)  # a user's "module:function" that does not import
-    check_interleaved(cfg.pipeline, dims.pp, model_cuts=False)
 
 
 def loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -81,27 +74,33 @@ def image_loader(cfg, data, loader, device, policy, prefetch: bool) -> DeviceLoa
     )
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
-    # Data-parallel ranks read different batches; a pipeline's stages and a tensor-parallel
-    # group's ranks read the same ones (the first stage uses the images, the last the labels).
-    data = build_data(
-        cfg.data,
-        sampler_mode=cfg.data.sampler,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
-        seed=cfg.seed,
-        device=env.device,
-        loader_batch=loader_batch,
+def build_images(ctx: BuildContext):
+    """build_data for this rank: data-parallel ranks read different batches; a pipeline's
+    stages and a tensor-parallel group's ranks read the same ones (the first stage uses the
+    images, the last the labels). Also the gan task's."""
+    return build_data(
+        ctx.cfg.data,
+        sampler_mode=ctx.layout.sampler,
+        rank=ctx.dp_rank,
+        world=ctx.dp_size,
+        seed=ctx.cfg.seed,
+        device=ctx.device,
+        loader_batch=ctx.loader_batch,
         # a forward that is a collective (FSDP) needs the same held-out batch count everywhere
-        even_val=collective_forward,
+        even_val=ctx.even_val,
     )
+
+
+def build(ctx: BuildContext) -> Workload:
+    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
+    data = build_images(ctx)
     model = build_model(cfg.model, data.source.num_classes, data.source.channels)
-    model = model.to(device=env.device, dtype=policy.param_dtype)
+    model = model.to(device=device, dtype=policy.param_dtype)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
 
     def device_loader(loader, prefetch: bool) -> DeviceLoader:
-        return image_loader(cfg, data, loader, env.device, policy, prefetch)
+        return image_loader(cfg, data, loader, device, policy, prefetch)
 
     def loss(model, batch):
         x, y = batch
@@ -117,7 +116,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             with policy.autocast():
                 for key, value in score(model(x), y).items():
                     sums[key] += value
-        totals = pg.all_reduce_sum([float(sums["correct"]), sums["total"]], env.device)
+        totals = pg.all_reduce_sum([float(sums["correct"]), sums["total"]], device)
         return summarize(dict(zip(("correct", "total"), totals, strict=True)))
 
     return Workload(
@@ -140,4 +139,20 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "pin_memory": data.train.pin_memory,
             "num_classes": data.source.num_classes,
         },
+        rows=data.rows(),
     )
+
+
+TASK = Task(
+    name="image_classification",
+    reads=IMAGE_SOURCES,
+    layouts=frozenset({"single", "dp", "ddp", "fsdp", "pp", "split"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    describes="images -> class scores, cross-entropy, held-out accuracy",
+    refusals={
+        "tp": "tensor parallelism splits language models' projections; image models train "
+        "with ddp, fsdp, pipeline or split"
+    },
+)

@@ -16,25 +16,19 @@ from paratrain.lm import data as lmdata
 from paratrain.lm import encoder as enc
 from paratrain.lm.masking import IGNORE, mask_row, sample_generator
 from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
-from paratrain.tasks import Workload
+from paratrain.protocols import BuildContext, Layout, Task, Workload
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs
 VAL_EPOCH = 0  # held-out rows keep one mask, so that evaluations compare
 
 
-def check(cfg) -> None:
+def check(cfg, layout: Layout) -> None:
     """Config-time checks of the BERT tasks (ValueError naming the field)."""
-    m, p = cfg.model, cfg.parallel
-    if m.path is None and (m.init != "random" or m.shape not in BERT_SHAPES):
+    m = cfg.model
+    if m.path is None and m.shape not in BERT_SHAPES:
         raise ValueError(
-            f"model.shape: {cfg.task} trains a BERT; set model.init=random with model.shape "
+            f"model.shape: a BERT task trains a BERT; set model.init=random with model.shape "
             f"{' or '.join(BERT_SHAPES)}, or model.path to a Hugging Face checkpoint"
-        )
-    if cfg.strategy in ("dp", "tp", "pipeline", "split") or p.tp != 1 or p.pp != 1:
-        raise ValueError(
-            f"strategy: {cfg.strategy} (tp={p.tp}, pp={p.pp}): BERT trains with single, ddp-* "
-            "or fsdp; tensor parallelism, pipeline stages, the split and DataParallel have no "
-            "plan for encoders yet"
         )
     if m.kernels != "none" or m.fp8 != "none" or m.loss_chunk_tokens:
         raise ValueError(
@@ -50,7 +44,7 @@ def check(cfg) -> None:
         )
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
@@ -79,7 +73,8 @@ def summarize(loss_sum: float, correct: float, tokens: float) -> dict[str, float
     }
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+def build(ctx: BuildContext) -> Workload:
+    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
     d, m = cfg.data, cfg.model
     tokenizer = enc.encoder_tokenizer(m.path)
     model = build_bert(
@@ -88,7 +83,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         shape=m.shape,
         attn=m.attn_implementation,
         dtype=policy.param_dtype,
-        device=env.device,
+        device=device,
         layers=m.layers,
     )
     vocab = model.config.vocab_size
@@ -103,12 +98,12 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     val_rows = all_rows[::step][:n_val] if n_val else []
     held = set(range(0, len(all_rows), step)[:n_val]) if n_val else set()
     train_rows = [r for i, r in enumerate(all_rows) if i not in held]
-    if len(train_rows) < loader_batch * (dims.dp_size if d.sampler != "full" else 1):
+    if len(train_rows) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
         raise UserError(
             f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
         )
-    pin = d.pin_memory and env.device.type == "cuda"
+    pin = d.pin_memory and device.type == "cuda"
     specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
     mask = dict(seed=cfg.seed, mask_id=tokenizer.mask_token_id, vocab_size=len(tokenizer))
     # the epoch the training rows are masked for: shared memory, so that loader workers (which
@@ -118,10 +113,11 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         MaskedRows(train_rows, specials, epoch=epoch, **mask),
         MaskedRows(val_rows, specials, epoch=torch.tensor(VAL_EPOCH), **mask) if val_rows else None,
         d,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
+        sampler=ctx.layout.sampler,
+        rank=ctx.dp_rank,
+        world=ctx.dp_size,
         seed=cfg.seed,
-        loader_batch=loader_batch,
+        loader_batch=ctx.loader_batch,
         even_val=True,  # under FSDP every forward is a collective: the same count everywhere
         collate_fn=MaskedCollate(tokenizer.pad_token_id),
         num_workers=loader_workers(d.num_workers),
@@ -129,7 +125,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     )
 
     def on_device(batch) -> dict:
-        return {k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()}
+        return {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()}
 
     def loss(model, batch):
         # tokens: every real token runs through the model (what MFU counts), not only the
@@ -141,7 +137,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def evaluate(model, loader) -> dict[str, float]:
         """Held-out loss, accuracy and perplexity over the masked tokens, summed over ranks."""
         model.eval()
-        sums = torch.zeros(3, device=env.device, dtype=torch.float64)
+        sums = torch.zeros(3, device=device, dtype=torch.float64)
         for batch in loader:
             labels = batch.pop("labels")
             with policy.autocast():
@@ -152,7 +148,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             ).double()
             sums[1] += (logits[picked].argmax(-1) == labels[picked]).sum()
             sums[2] += picked.sum()
-        return summarize(*pg.all_reduce_sum(sums.tolist(), env.device))
+        return summarize(*pg.all_reduce_sum(sums.tolist(), device))
 
     seq_len = max(len(r) for r in train_rows)
     spec = BertSpec()
@@ -173,6 +169,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "val_rows": len(val_rows),
             "parameters": sum(p.numel() for p in model.parameters()),
         },
+        rows={"train": len(train_rows), "val": len(val_rows)},
     )
 
 
@@ -228,3 +225,16 @@ class EpochFed:
     def __iter__(self):
         self.epoch.fill_(self.sampler.epoch)
         return iter(self.loader)
+
+
+TASK = Task(
+    name="masked_lm",
+    reads=(*PLAIN_TEXT, "synthetic-text"),
+    layouts=frozenset({"single", "ddp", "fsdp"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    counts_tokens=True,
+    model_keys="huggingface",
+    describes="text with 15% of tokens masked -> masked-token loss, accuracy, perplexity",
+)

@@ -9,23 +9,23 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
+from paratrain.data.loader import LABELLED_TEXT, OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import encoder as enc
 from paratrain.models.bert import BertSpec, build_bert
-from paratrain.tasks import Workload
+from paratrain.protocols import BuildContext, Layout, Task, Workload
 from paratrain.tasks.masked_lm import check as _bert_check
 
 
-def check(cfg) -> None:
+def check(cfg, layout: Layout) -> None:
     """The BERT checks (tasks/masked_lm.py), and a file for text-labels."""
-    _bert_check(cfg)
+    _bert_check(cfg, layout)
     if cfg.data.source == "text-labels" and not cfg.data.path:
         raise ValueError("data.path: text-labels reads a CSV or JSONL file with text and label")
 
 
-def preflight(cfg, cuda: bool, dims) -> None:
+def preflight(cfg, layout: Layout, cuda: bool) -> None:
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
@@ -40,7 +40,8 @@ def labelled(cfg) -> tuple[list[str], list[int], list[str]]:
     return enc.read_labelled(cfg.data.path)
 
 
-def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -> Workload:
+def build(ctx: BuildContext) -> Workload:
+    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
     d, m = cfg.data, cfg.model
     tokenizer = enc.encoder_tokenizer(m.path)
     texts, labels, names = labelled(cfg)
@@ -50,7 +51,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
         shape=m.shape,
         attn=m.attn_implementation,
         dtype=policy.param_dtype,
-        device=env.device,
+        device=device,
         layers=m.layers,
         num_labels=len(names),
     )
@@ -58,25 +59,26 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     train_at, val_at = enc.held_out_split(len(ids), d.val_fraction)
     if d.limit_samples is not None:
         train_at = train_at[: d.limit_samples]
-    if len(train_at) < loader_batch * (dims.dp_size if d.sampler != "full" else 1):
+    if len(train_at) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
         raise UserError(
             f"data.batch_size: {len(train_at)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({loader_batch} x {dims.dp_size})"
+            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
         )
 
     def rows(at):
         return enc.Rows([ids[i] for i in at], [labels[i] for i in at])
 
-    pin = d.pin_memory and env.device.type == "cuda"
+    pin = d.pin_memory and device.type == "cuda"
     train, val, sampler = rank_loaders(
         rows(train_at),
         rows(val_at) if val_at else None,
         d,
-        rank=dims.dp_rank,
-        world=dims.dp_size,
+        sampler=ctx.layout.sampler,
+        rank=ctx.dp_rank,
+        world=ctx.dp_size,
         seed=cfg.seed,
-        loader_batch=loader_batch,
-        even_val=collective_forward,  # under FSDP every forward is a collective
+        loader_batch=ctx.loader_batch,
+        even_val=ctx.even_val,  # under FSDP every forward is a collective
         collate_fn=enc.Collate(tokenizer.pad_token_id),
         num_workers=loader_workers(d.num_workers),
         pin_memory=pin,
@@ -85,9 +87,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def on_device(loader):
         return OnDevice(
             loader,
-            lambda batch: {
-                k: v.to(env.device, non_blocking=d.non_blocking) for k, v in batch.items()
-            },
+            lambda batch: {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()},
         )
 
     def loss(model, batch):
@@ -98,7 +98,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
     def evaluate(model, loader) -> dict[str, float]:
         """Held-out mean loss and accuracy, summed over ranks."""
         model.eval()
-        sums = torch.zeros(3, device=env.device, dtype=torch.float64)
+        sums = torch.zeros(3, device=device, dtype=torch.float64)
         for batch in loader:
             with policy.autocast():
                 logits = model(
@@ -107,7 +107,7 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             sums[0] += F.cross_entropy(logits, batch["tag"], reduction="sum").double()
             sums[1] += (logits.argmax(-1) == batch["tag"]).sum()
             sums[2] += len(batch["tag"])
-        loss_sum, correct, n = pg.all_reduce_sum(sums.tolist(), env.device)
+        loss_sum, correct, n = pg.all_reduce_sum(sums.tolist(), device)
         return {"val_loss": loss_sum / max(n, 1), "val_accuracy": correct / max(n, 1)}
 
     counts = torch.bincount(torch.tensor(labels), minlength=len(names)).tolist()
@@ -129,4 +129,17 @@ def build(cfg, env, dims, policy, loader_batch: int, collective_forward: bool) -
             "val_rows": len(val_at),
             "parameters": sum(p.numel() for p in model.parameters()),
         },
+        rows={"train": len(train_at), "val": len(val_at)},
     )
+
+
+TASK = Task(
+    name="text_classification",
+    reads=LABELLED_TEXT,
+    layouts=frozenset({"single", "ddp", "fsdp"}),
+    check=check,
+    preflight=preflight,
+    build=build,
+    model_keys="huggingface",
+    describes="labelled text -> the [CLS] state's class, cross-entropy, held-out accuracy",
+)

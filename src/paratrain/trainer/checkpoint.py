@@ -34,40 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from paratrain.config.train import CheckpointConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
 from paratrain.trainer import integrity
-
-
-@dataclass(kw_only=True)
-class CheckpointConfig:
-    every_steps: int = 0
-    """Save every N optimizer steps; 0 saves only at the end."""
-    at_end: bool = True
-    """Save when the run finishes."""
-    keep: int = 2
-    """Checkpoints kept on disk (oldest removed first); 0 keeps all."""
-    dir: str | None = None
-    """Where checkpoints go; default <output_dir>/checkpoints."""
-    resume: str | None = None
-    """Checkpoint folder (step_<N>), or a folder whose newest good checkpoint is taken, to
-    continue from; `auto`: this run's own newest good checkpoint, or a fresh start when it has
-    none (a restarted worker does this by itself). It may come from another layout (degrees,
-    process count): the weights and optimizer state are resharded on load."""
-    async_mode: str = "none"
-    """`none`: the step waits until the checkpoint is on disk. `async`: the step waits only for
-    the state's copy to host memory; a thread writes it (DCP async_save) while training goes
-    on, and the checkpoint appears (manifest, rename) when the write is done. One save in
-    flight at a time: the next one, and the end of the run, wait for it. (Staging through
-    pinned memory, DCP's DefaultStager, failed on torch 2.11 with a deepcopy KeyError; not
-    offered.)"""
-
-    def __post_init__(self) -> None:
-        if self.async_mode not in ("none", "async"):
-            raise ValueError(f"async_mode: none or async, got {self.async_mode!r}")
-        if self.every_steps < 0:
-            raise ValueError(f"every_steps: must be >= 0, got {self.every_steps}")
-        if self.keep < 0:
-            raise ValueError(f"keep: must be >= 0, got {self.keep}")
 
 
 @dataclass

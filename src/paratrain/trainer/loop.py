@@ -16,9 +16,8 @@ import torch
 
 from paratrain import faults, flight, metrics
 from paratrain.distributed import process_group as pg
-from paratrain.parallel import ONE_PROCESS
-from paratrain.parallel.ddp import unwrap
 from paratrain.profiling import StepProfiler
+from paratrain.protocols import unwrap
 from paratrain.tasks import counts_tokens
 from paratrain.telemetry import GpuSampler, energy_counter
 from paratrain.trainer import result as results
@@ -38,23 +37,29 @@ from paratrain.trainer.steplog import StepLog, memory_in_use
 from paratrain.trainer.watchdog import StallMeter, Watchdog
 
 
-def train(cfg) -> dict[str, Any]:
+def train(plan) -> dict[str, Any]:
+    """Train the run `plan` (runplan.RunPlan, or a RunConfig resolved here) describes, on
+    this process's rank."""
+    from paratrain.runplan import RunPlan, resolve
+
+    plan = plan if isinstance(plan, RunPlan) else resolve(plan)
+    cfg = plan.config
     deterministic_env(cfg)
     from paratrain.launch import threads_per_process
 
     torch.set_num_threads(
         threads_per_process(cfg.launch, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     )
-    if cfg.strategy not in ONE_PROCESS:
+    if plan.multiprocess:
         flight.enable(
             cfg.dist.flight_recorder,
             Path(cfg.output_dir) / "flight_recorder" if cfg.output_dir else None,
             cuda=cfg.device != "cpu" and torch.cuda.is_available(),
         )
-    env = pg.init_distributed(cfg.device, cfg.strategy not in ONE_PROCESS, cfg.dist.timeout_s)
+    env = pg.init_distributed(cfg.device, plan.multiprocess, cfg.dist.timeout_s)
     try:
         with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
-            run = setup(cfg, env)
+            run = setup(plan, env)
             watchdog = Watchdog(
                 env.rank,
                 env.world_size,
@@ -73,7 +78,7 @@ def train(cfg) -> dict[str, Any]:
 def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
     cfg, env, state, tc = run.cfg, run.env, run.state, run.cfg.train
     device, work = env.device, run.work
-    label = f"{results.strategy_label(run)} x{env.world_size} {cfg.precision}" + (
+    label = f"{run.plan.label} x{env.world_size} {cfg.precision}" + (
         " [redundant data]" if run.redundant else ""
     )
     progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
@@ -100,7 +105,7 @@ def _loop(run: Run, watchdog: Watchdog) -> dict[str, Any]:
             else None
         ),
     )
-    lm = counts_tokens(cfg.task)
+    lm = counts_tokens(run.plan.task)
     copies = 1 if run.redundant else run.dims.dp_size  # tokens: rank 0's, times the replicas
 
     def trained_units() -> float:

@@ -15,25 +15,10 @@ from paratrain import metrics
 from paratrain.config import for_task
 from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
-from paratrain.parallel import STRATEGIES
-from paratrain.parallel.ddp import unwrap
+from paratrain.protocols import unwrap
+from paratrain.runplan.strategies import STRATEGIES
 from paratrain.tasks import counts_tokens
 from paratrain.telemetry import energy_summary
-
-
-def strategy_label(run) -> str:
-    """The strategy named, or for `auto` the parallelisms the degrees make."""
-    if run.cfg.strategy != "auto":
-        return run.cfg.strategy
-    d, parts = run.dims, []
-    if d.dp_shard > 1:
-        parts.append("hsdp" if d.dp_replicate > 1 else "fsdp")
-    elif (
-        d.dp_replicate > 1
-    ):  # replicated (by DDP, or by FSDP2 beside tp / pp: parallel.data_parallel)
-        parts.append("ddp")
-    parts += [name for name, degree in (("tp", d.tp), ("pp", d.pp)) if degree > 1]
-    return "+".join(parts) or "single"
 
 
 def epoch_line(record: dict[str, Any]) -> str:
@@ -109,7 +94,7 @@ def build(
     ]
     if accuracies:  # the best epoch beside the last
         summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
-    if counts_tokens(cfg.task):
+    if counts_tokens(run.plan.task):
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
         # every rank of a tp group and every stage counted the same batch
         copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
@@ -146,9 +131,9 @@ def build(
     return {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
         "name": cfg.name,
-        "task": cfg.task,
-        "strategy": strategy_label(run),
-        "strategy_doc": STRATEGIES[cfg.strategy].doc,
+        "task": run.plan.task,
+        "strategy": run.plan.label,
+        "strategy_doc": STRATEGIES[run.plan.strategy].doc,
         "parallel": {
             **dims.describe(),
             "label": dims.label(),
@@ -158,7 +143,7 @@ def build(
         "redundant_data": run.redundant,
         "precision": cfg.precision,
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
-        "fp8": cfg.model.fp8 if cfg.task == "causal_lm" and cfg.model.fp8 != "none" else None,
+        "fp8": cfg.model.fp8 if run.plan.task == "causal_lm" and cfg.model.fp8 != "none" else None,
         "world_size": env.world_size,
         "cpu_threads": torch.get_num_threads(),  # per process
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
@@ -175,7 +160,8 @@ def build(
         "epochs": epochs,
         "summary": summary,
         "output_dir": str(run.out_dir),
-        "config": for_task(cfg.to_dict(), cfg.task),
+        "config": for_task(cfg.to_dict(), run.plan.task),
+        "plan": {"model": run.plan.to_dict()["model"], "data": run.plan.to_dict()["data"]},
     }
 
 
@@ -228,7 +214,7 @@ def model_state(run) -> dict[str, Any]:
         "attention_heads": getattr(config, "num_attention_heads", None),
         "kv_heads": getattr(config, "num_key_value_heads", None),
         "micro_batch": run.cfg.data.batch_size,
-        "sequence_length": run.cfg.data.max_length if counts_tokens(run.cfg.task) else None,
+        "sequence_length": run.cfg.data.max_length if counts_tokens(run.plan.task) else None,
         "micro_batches": run.k,
     }
 

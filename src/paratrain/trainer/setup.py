@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
-from paratrain.parallel.apply import data_parallel_wrapper, parallelize, step_context
-from paratrain.parallel.ddp import average_buffers, bytes_per_element, unwrap
+from paratrain.parallel.apply import parallelize, step_context
+from paratrain.parallel.ddp import average_buffers, bytes_per_element
 from paratrain.parallel.pipeline import (
     Pipeline,
     build_schedule,
@@ -33,7 +33,8 @@ from paratrain.parallel.split import apply_split, split_devices
 from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
-from paratrain.tasks import Workload, task_module
+from paratrain.protocols import BuildContext, Workload, unwrap
+from paratrain.tasks import get_task
 from paratrain.trainer.checkpoint import (
     AsyncSaves,
     LoopState,
@@ -55,6 +56,8 @@ def default_output_dir(name: str) -> str:
 class Run:
     """A built run: what the loop reads."""
 
+    plan: Any
+    """runplan.RunPlan: what was decided before any process started."""
     cfg: Any
     env: pg.DistEnv
     dims: ParallelDims
@@ -103,13 +106,13 @@ class Run:
     @property
     def redundant(self) -> bool:
         """ddp-full: every data-parallel rank reads every sample."""
-        return self.cfg.data.sampler == "full" and self.dims.dp_size > 1
+        return self.plan.redundant
 
     @property
     def partition(self) -> int:
         """How many ways an epoch's samples are divided: the data-parallel ranks, unless each
         reads them all."""
-        return 1 if self.cfg.data.sampler == "full" else self.dims.dp_size
+        return 1 if self.plan.layout.sampler == "full" else self.dims.dp_size
 
     @property
     def unique_per_step(self) -> int:
@@ -176,8 +179,9 @@ class Run:
             self.checkpoint_stats["end_wait_s"] += time.perf_counter() - began
 
 
-def setup(cfg, env: pg.DistEnv) -> Run:
-    device, tc = env.device, cfg.train
+def setup(plan, env: pg.DistEnv) -> Run:
+    cfg = plan.config
+    device, tc, uses = env.device, cfg.train, plan.layout.uses
     out_dir = Path(pg.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
     ckpt_dir = checkpoint_dir(cfg, out_dir)
     if not restarted() and not cfg.checkpoint.resume:
@@ -192,27 +196,39 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     torch.backends.cudnn.benchmark = tc.cudnn_benchmark and not tc.deterministic
 
     # ---- the mesh: the only place degrees become process groups
-    try:
-        dims = ParallelDims.from_config(
-            cfg.parallel, env.world_size, device.type, tp_named=cfg.strategy == "tp"
+    if plan.world_size != env.world_size:
+        raise UserError(
+            f"launch.nproc: the plan is for {plan.world_size} processes, this job has "
+            f"{env.world_size}"
         )
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    wrapper = data_parallel_wrapper(cfg.strategy, dims)
+    dims = ParallelDims(**plan.degrees, device_type=device.type, tp_named="tp" in uses)
+    wrapper = plan.layout.wrapper
 
     # ---- the workload: model and data (dp scatters one loader batch over all GPUs)
-    dp_gpus = torch.cuda.device_count() if (cfg.strategy == "dp" and device.type == "cuda") else 1
+    dp_gpus = torch.cuda.device_count() if ("dp" in uses and device.type == "cuda") else 1
     loader_batch = cfg.data.batch_size * dp_gpus
     policy = build_policy(cfg.precision, device)
-    collective_forward = wrapper == "fsdp" or dims.tp_enabled
-    task = task_module(cfg.task)
-    work = task.build(cfg, env, dims, policy, loader_batch, collective_forward)
+    work = get_task(plan.task).build(
+        BuildContext(
+            cfg=cfg,
+            layout=plan.layout,
+            device=device,
+            is_main=env.is_main,
+            dp_rank=dims.dp_rank,
+            dp_size=dims.dp_size,
+            policy=policy,
+            loader_batch=loader_batch,
+            # a forward that is a collective needs the same held-out batch count everywhere
+            even_val=wrapper == "fsdp" or dims.tp_enabled,
+        )
+    )
     work.out_dir = out_dir
+    built = {**parameter_counts(work.model), "rows": work.rows}
 
     # ---- model parallelism that moves or cuts the model comes first
     model, split, stage_modules, tied = work.model, None, None, []
     shards = dims.tp if cfg.parallel.sequence_parallel else 1
-    if dims.pp > 1 or cfg.strategy == "pipeline":  # this rank keeps its stage(s)
+    if "pp" in uses:  # this rank keeps its stage(s)
         tied = tied_names(model)  # of the whole model: a stage holds one of the names
         stage_modules = cut_stage(
             model,
@@ -222,7 +238,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
             channels_last=tc.channels_last,
             sequence_shards=shards,
         )
-    if cfg.strategy == "split":  # this process puts consecutive units on consecutive GPUs
+    if "split" in uses:  # this process puts consecutive units on consecutive GPUs
         devices = split_devices(cfg.split, device)
         split = apply_split(model, work.spec, devices, cfg.split.boundaries)
 
@@ -250,7 +266,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
             train=tc,
             ddp=cfg.ddp,
             parallel=cfg.parallel,
-            lora=cfg.task == "causal_lm" and cfg.lora.enabled,
+            lora=plan.task == "causal_lm" and cfg.lora.enabled,
             compile_units=compile_units,
             stage_modules=stages,
             link=link,
@@ -289,6 +305,7 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     total_steps = tc.max_steps if tc.max_steps is not None else tc.epochs * steps_per_epoch
 
     run = Run(
+        plan=plan,
         cfg=cfg,
         env=env,
         dims=dims,
@@ -339,12 +356,27 @@ def setup(cfg, env: pg.DistEnv) -> Run:
     # earlier run's as it was); a restarted generation keeps what the first wrote.
     if env.is_main and not restarted():
         from paratrain.config import to_yaml
+        from paratrain.runplan import show
 
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
+        plan.save(out_dir / "plan.json", built)
+        print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
+        print("\n".join(show.lines(plan, built)), flush=True)
     if env.is_main and cfg.dist.flight_recorder and env.world_size > 1:
         (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)  # NCCL dumps here
     return run
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Parameters and trained parameters, for the plan (a lazy module's are not known yet)."""
+    from torch.nn.parameter import is_lazy
+
+    params = [p for p in model.parameters() if not is_lazy(p)]
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+    }
 
 
 def restore_replica(run: Run, path: Path, writer: dict) -> str:

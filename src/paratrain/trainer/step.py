@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from paratrain import faults
 from paratrain.parallel.apply import gradient_sync
-from paratrain.parallel.tp import replicate_partial_grads, whole_tensor
+from paratrain.parallel.tp import replicate_partial_grads
 from paratrain.profiling import phase
+from paratrain.protocols import StepContext, whole_tensor
 
 
 def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
@@ -24,7 +25,7 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
     cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
     if work.step is not None:  # the task's own step (a GAN: two models, two optimizers)
-        return work.step(run, next(batches))
+        return work.step(task_step_context(run), next(batches))
     with run.step_context():  # loss_parallel under TP: forward and backward inside it
         if run.pipe is not None:  # forward and backward of every micro-batch, stage by stage
             batch = next(batches)
@@ -145,3 +146,17 @@ def _finite_here(run, loss: torch.Tensor | None) -> torch.Tensor:
             )
             run.grad_norm = torch.linalg.vector_norm(norms) if whole else None
     return ok
+
+
+def task_step_context(run) -> StepContext:
+    """What a task's own step may use: its wrapped parts, their optimizers, the guard."""
+    guarded = run.cfg.train.max_bad_steps >= 0
+    return StepContext(
+        parts=run.parts,
+        optimizers=run.optimizer,
+        scaler=run.scaler,
+        step=run.state.step,
+        finite=(lambda loss: finite_everywhere(run, loss)) if guarded else (lambda loss: True),
+        no_sync=lambda module: gradient_sync(module, enabled=False),
+        discard=lambda module: gradient_sync(module, enabled=run.wrapper != "ddp"),
+    )

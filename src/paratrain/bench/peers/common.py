@@ -48,14 +48,22 @@ def require(library: str) -> None:
         raise SystemExit(3)
 
 
-def read_config(program: str) -> tuple[RunConfig, Path]:
-    """argv CONFIG_YAML OUT_DIR -> (the config, the output folder); a bad one exits 2."""
+def read_plan(program: str):
+    """argv CONFIG_YAML OUT_DIR -> (the run's plan, the output folder); a bad one exits 2."""
+    from paratrain.runplan import resolve
+
     if len(sys.argv) != 3:
         fail(f"usage: python -m paratrain.bench.peers.{program} CONFIG_YAML OUT_DIR")
     try:
-        return load_config(sys.argv[1]), Path(sys.argv[2])
+        return resolve(load_config(sys.argv[1])), Path(sys.argv[2])
     except UserError as e:  # ConfigError is a UserError: already one line
         fail(str(e))
+
+
+def read_config(program: str) -> tuple[RunConfig, Path]:
+    """argv CONFIG_YAML OUT_DIR -> (the config as it runs, the output folder)."""
+    plan, out_dir = read_plan(program)
+    return plan.config, out_dir
 
 
 def read_args(program: str) -> tuple[RunConfig, Path]:

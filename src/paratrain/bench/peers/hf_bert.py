@@ -21,8 +21,9 @@ from paratrain.bench.peers import common
 
 
 def main() -> None:
-    cfg, out_dir = common.read_config("hf_bert")
-    if cfg.task != "masked_lm" or cfg.data.source != "synthetic-text" or cfg.model.path:
+    plan, out_dir = common.read_plan("hf_bert")
+    cfg = plan.config
+    if plan.task != "masked_lm" or cfg.data.source != "synthetic-text" or cfg.model.path:
         common.fail("hf_bert: runs task=masked_lm, data.source=synthetic-text, a random shape")
     if cfg.precision not in ("bf16", "fp32"):
         common.fail("hf_bert: precision bf16 or fp32")

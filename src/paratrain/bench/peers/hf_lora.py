@@ -27,7 +27,8 @@ from paratrain.data.samplers import build_sampler
 
 
 def main() -> None:
-    cfg, out_dir = common.read_config("hf_lora")
+    plan, out_dir = common.read_plan("hf_lora")
+    cfg = plan.config
     if (
         cfg.data.source != "synthetic-text"
         or cfg.model.path is not None
@@ -83,7 +84,7 @@ def main() -> None:
     batch, length = cfg.data.batch_size, cfg.data.max_length
     rows = synthetic_rows(cfg, config.vocab_size)
     sampler = build_sampler(
-        cfg.data.sampler,
+        plan.layout.sampler,
         len(rows),
         rank=rank,
         world=world_size,

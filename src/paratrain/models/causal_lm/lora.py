@@ -2,36 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from torch import nn
 
+from paratrain.config.model import LoraConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.layout import layout_of
-
-
-@dataclass(kw_only=True)
-class LoraConfig:
-    enabled: bool = True
-    """Train low-rank adapters only (peft); false trains every weight."""
-    r: int = 8
-    """Rank of the adapters (the seed's 8)."""
-    alpha: float = 16.0
-    """Scale: the adapter's update is multiplied by alpha / r."""
-    dropout: float = 0.0
-    """Dropout on the adapter's input."""
-    target_modules: list[str] = field(default_factory=list)
-    """Layers that get adapters, as name suffixes (peft's matching); empty: the family's default
-    (Llama: q_proj v_proj o_proj, of q k v o gate up down _proj; GPT-2: attn.c_attn attn.c_proj,
-    of c_attn c_proj c_fc)."""
-    save_merged: bool = False
-    """Also save the base model with the adapters merged in (full size)."""
-
-    def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ValueError(f"r: must be >= 1, got {self.r}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:

@@ -1,0 +1,105 @@
+"""model.* and lora.*: which model, built how (ModelConfig), and its LoRA adapters (LoraConfig)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# paratrain's own image builders (models/__init__.py MODELS maps each to its function)
+IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
+
+# Keys that mean something to one task only: a run's result.json leaves the other task's out.
+IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side")
+
+LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
+LM_ONLY += ("kernels", "fp8")
+
+_USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = "mobilenet_v2"
+    """Image model: mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Image model: keyword arguments for the builder beside num_classes and in_channels
+    (`--set model.kwargs.width=64` calls build(num_classes=.., in_channels=.., width=64))."""
+    path: str | None = None
+    """Language model: a Hugging Face checkpoint directory (any AutoModelForCausalLM)."""
+    init: Literal["pretrained", "random"] = "pretrained"
+    """Language model: load the weights at path, or build the architecture with random weights."""
+    shape: (
+        Literal["llama3-8b", "llama3.2-1b", "tiny", "gpt2", "tiny-gpt2", "bert-base", "tiny-bert"]
+        | None
+    ) = None
+    """Language model with init=random and no path: a named shape (Llama: llama3-8b,
+    llama3.2-1b, tiny; GPT-2: gpt2 (124M), tiny-gpt2; BERT: bert-base, tiny-bert)."""
+    layers: int | None = None
+    """Language model with init=random: this many decoder layers instead of the shape's (a
+    shallow 8B for a quick try of its width, a deeper tiny model for pipeline stages)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Language model attention kernel (transformers' attn_implementation)."""
+    loss_chunk_tokens: int = 0
+    """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
+    whole [tokens, vocab] logits (models/causal_lm/loss.py); 0 uses transformers' own loss."""
+    depthwise_conv: Literal["native", "shift-add"] = "native"
+    """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
+    least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses
+    (models/depthwise.py; needs train.compile). cuDNN runs MobileNetV2's 250x250 depthwise layers
+    with a slow generic kernel on H200."""
+    shift_add_min_side: int = 200
+    """With depthwise_conv=shift-add: the smallest input side (pixels) that takes shift-add; below
+    it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and below."""
+    kernels: Literal["none", "liger", "liger-loss"] = "none"
+    """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
+    kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
+    cross-entropy (with train.compile, which fuses the rest itself). loss_chunk_tokens, when set,
+    replaces Liger's loss with paratrain's chunked one."""
+    fp8: Literal["none", "tensorwise", "rowwise"] = "none"
+    """Language model: the frozen base's linear layers (not lm_head) multiply in float8 through
+    torchao's Float8Linear, scaled per tensor or per row; adapters and the rest keep the autocast
+    dtype. Pair with train.compile: eagerly, torchao's backward also computes the frozen weights'
+    gradients (3 matmuls per layer instead of 2); compiled, they are dropped (tested). pip install
+    torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU."""
+
+    def __post_init__(self) -> None:
+        if self.init == "random" and self.path is None and self.shape is None:
+            raise ValueError(
+                "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny, gpt2, tiny-gpt2) "
+                "or a path"
+            )
+        if self.shift_add_min_side < 0:
+            raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens: must be >= 0, got {self.loss_chunk_tokens}")
+        if self.layers is not None and (self.layers < 1 or self.init != "random"):
+            raise ValueError(f"layers: needs init=random and a count >= 1, got {self.layers}")
+        if self.name not in IMAGE_MODELS and not _USER.fullmatch(self.name):
+            raise ValueError(
+                f"name: got {self.name!r}; accepted: {', '.join(IMAGE_MODELS)}, or module.path:builder"
+            )
+
+
+@dataclass(kw_only=True)
+class LoraConfig:
+    enabled: bool = True
+    """Train low-rank adapters only (peft); false trains every weight."""
+    r: int = 8
+    """Rank of the adapters (the seed's 8)."""
+    alpha: float = 16.0
+    """Scale: the adapter's update is multiplied by alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=list)
+    """Layers that get adapters, as name suffixes (peft's matching); empty: the family's default
+    (Llama: q_proj v_proj o_proj, of q k v o gate up down _proj; GPT-2: attn.c_attn attn.c_proj,
+    of c_attn c_proj c_fc)."""
+    save_merged: bool = False
+    """Also save the base model with the adapters merged in (full size)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"r: must be >= 1, got {self.r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")

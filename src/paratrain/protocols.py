@@ -1,0 +1,249 @@
+"""The shapes the parts of paratrain meet at: one small module every part may import.
+
+- ModelSpec: what parallel/ may know of a model family (models/*/spec.py answer it).
+- Task: what a task declares (the data it reads, the layouts and precisions it trains with)
+  and the three functions it offers (check, preflight, build). tasks/*.py each define one.
+- BuildContext: what a task's build gets: the config, the device, this rank's place among
+  the data-parallel ranks, the precision policy; never the mesh or the trainer.
+- Workload: what build returns: model, spec, loaders, loss, evaluation, pipeline hooks.
+- StepContext: what a task of several models (the GAN) gets for its own optimizer step.
+- PipelineHooks: how a pipeline's stages split a task's batch and score it.
+- unwrap, whole_tensor: a module under its wrappers, a value computed on shards.
+
+Nothing here imports a part of paratrain other than config/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+# How a run lays its model over the ranks, as a task declares what it trains with:
+LAYOUTS = ("single", "dp", "ddp", "fsdp", "tp", "pp", "split")
+"""single: one device; dp: torch.nn.DataParallel; ddp: DistributedDataParallel replicas;
+fsdp: FSDP2 (sharded, or replicated beside tp / pp); tp: tensor parallel; pp: pipeline stages;
+split: consecutive blocks on consecutive GPUs of one process."""
+PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")
+
+
+class ModelSpec(Protocol):
+    """What the parallel layer may know about a model family, and nothing more (models/spec.py
+    says what each question means)."""
+
+    family: str
+    flops_formula: str | None  # what flops_per_token counts, quoted in result.json
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]: ...
+
+    def pipeline_units(self, model: nn.Module) -> int: ...
+
+    def make_stage(
+        self, model: nn.Module, keep: range, stage: int, stages: int, **options: Any
+    ) -> nn.Module: ...
+
+    def split_units(self, model: nn.Module) -> list[nn.Module]: ...
+
+    def tp_plan(self, model: nn.Module, **options: Any) -> dict[str, Any]: ...
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the run lays its model over the ranks (decided by runplan.resolve): what a task's
+    checks may read. Degrees and the layouts in use, never a strategy name."""
+
+    degrees: dict[str, int]
+    """pp, dp_replicate, dp_shard, tp for this run's processes."""
+    uses: frozenset[str]
+    """The LAYOUTS this run combines ({"fsdp", "tp"}, {"single"}, ...)."""
+    wrapper: str | None
+    """The data-parallel wrapper: ddp, fsdp, data-parallel, or None."""
+    sampler: str
+    """How the data-parallel ranks share the data: distributed, round-robin, full."""
+    stages_per_rank: int = 1
+    """Pipeline stages each rank holds (interleaved schedules hold several)."""
+
+    @property
+    def tp(self) -> int:
+        return self.degrees["tp"]
+
+    @property
+    def pp(self) -> int:
+        return self.degrees["pp"]
+
+    @property
+    def tp_enabled(self) -> bool:
+        return "tp" in self.uses
+
+    @property
+    def dp_size(self) -> int:
+        return self.degrees["dp_replicate"] * self.degrees["dp_shard"]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a task's build gets on each rank."""
+
+    cfg: Any
+    """The run's (resolved) RunConfig: the task reads its own sections (model, data, ...)."""
+    layout: Layout
+    device: torch.device
+    is_main: bool
+    """Rank 0: the one that prints and writes shared files."""
+    dp_rank: int
+    dp_size: int
+    """This rank's place among the data-parallel ranks: which batches it reads."""
+    policy: Any
+    """precision.Policy: parameter dtype and autocast."""
+    loader_batch: int
+    """Samples per loader batch on this rank (DataParallel: the batch of all its GPUs)."""
+    even_val: bool
+    """Held-out batches must be as many on every rank (a forward that is a collective: FSDP,
+    tensor parallel)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task: what it trains, what it reads, what it trains with, and its three functions."""
+
+    name: str
+    reads: tuple[str, ...]
+    """The data.source values it reads (the first task that reads a source is `auto`'s)."""
+    layouts: frozenset[str]
+    """The LAYOUTS it trains with; runplan refuses the others in one line."""
+    check: Callable[[Any, Layout], None]
+    """(config, layout) -> None: this task's own settings against each other and the layout,
+    before anything runs; raises ValueError naming the key."""
+    preflight: Callable[[Any, Layout, bool], None]
+    """(config, layout, cuda) -> None: what needs this machine or its files (UserError), once,
+    before any process starts."""
+    build: Callable[[BuildContext], Workload]
+    precisions: frozenset[str] = frozenset(PRECISIONS)
+    counts_tokens: bool = False
+    """Throughput in tokens (Workload.loss returns the batch's trained tokens) and MFU."""
+    model_keys: str = "builder"
+    """Where the model comes from: builder (model.name), huggingface (model.path or
+    model.shape), python (the object given to paratrain.train)."""
+    describes: str = ""
+    """One line for the plan: what is trained, on what loss."""
+    refusals: dict[str, str] = field(default_factory=dict)
+    """Why it does not train with a layout, where more can be said than that it does not
+    ({"tp": "..."}): the refusal's line."""
+
+
+@dataclass(frozen=True)
+class PipelineHooks:
+    """What a task tells the pipeline schedule."""
+
+    split: Callable[[Any], tuple[torch.Tensor, torch.Tensor, Any]]
+    """batch -> (the first stage's input, the last stage's target, number of loss terms)."""
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(last stage's output, target) -> the micro-batch's summed loss."""
+    score: Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
+    """(output, target) -> held-out sums (correct and total; summed loss and tokens)."""
+    summarize: Callable[[dict[str, float]], dict[str, float]]
+    """Summed held-out counts over the ranks -> metrics."""
+    score_keys: tuple[str, ...]
+    """The names score returns (every rank sums them, the stages without scores too)."""
+    tokens: Callable[[Any], Any] = lambda batch: None
+    """batch -> the tokens it holds, for tokens/s (None for images)."""
+
+
+@dataclass
+class StepContext:
+    """What a task's own optimizer step gets (Workload.step): its wrapped models, their
+    optimizers and the few things the trainer decides. Not the trainer itself."""
+
+    parts: dict[str, nn.Module]
+    """Workload.parts as trained: each under its own data-parallel wrapper."""
+    optimizers: list
+    """One per part, in the parts' order."""
+    scaler: Any
+    """GradScaler (fp16) or None."""
+    step: int
+    """The optimizer steps taken before this one."""
+    finite: Callable[[torch.Tensor], bool]
+    """loss -> whether it and the gradients are finite on every rank (a collective); always
+    True when the NaN guard is off."""
+    no_sync: Callable[[nn.Module], contextlib.AbstractContextManager]
+    """module -> a context whose backward keeps that module's gradients local, to be
+    synchronised by a later backward (DDP's no_sync; FSDP2's requires_gradient_sync off)."""
+    discard: Callable[[nn.Module], contextlib.AbstractContextManager]
+    """module -> a context for a backward whose gradients of that module are thrown away: no
+    all-reduce where the wrapper can skip it (DDP); FSDP2 reduces them (its unsynchronised
+    gradients would sit where zero_grad does not reach)."""
+
+
+@dataclass
+class Workload:
+    """What a task's build returns: everything the trainer runs, nothing about how it is laid
+    over the ranks."""
+
+    model: nn.Module
+    """The model with dtype, LoRA and the like applied; not yet parallelized or compiled."""
+    spec: ModelSpec
+    """The model family's spec: blocks, TP plan, pipeline cut, FLOPs."""
+    train: Iterable
+    """Yields batches already on the device; len() is micro-batches per epoch."""
+    val: Iterable | None
+    sampler: Any
+    """data.samplers.EpochSampler: set_epoch(epoch, skip) before each epoch."""
+    loss: Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor | None]]
+    """(model, batch) -> (mean loss, tokens in the batch or None for images)."""
+    evaluate: Callable[[nn.Module, Iterable], dict[str, float]]
+    """Held-out metrics, already summed over ranks."""
+    pipeline: PipelineHooks | None = None
+    """How a pipeline's stages split a batch and score it."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Facts for result.json (real data or not, classes, tokens, random init, ...)."""
+    rows: dict[str, int] = field(default_factory=dict)
+    """Samples (or rows of tokens) read: {"train": N, "val": M} over all ranks, for the plan."""
+    flops_per_token: float | None = None
+    """For MFU (language models), counted on the whole model before any cut or shard."""
+    finish: Callable[[nn.Module, Path], dict[str, str]] | None = None
+    """Rank-collective; saves artifacts (a LoRA adapter) and returns their paths."""
+    parts: dict[str, nn.Module] | None = None
+    """A task of several models trained apart (a GAN's generator and discriminator): the
+    model's children by name. Each is parallelized on its own (its own DDP / FSDP wrapper) and
+    gets its own optimizer; `model` is their container, what checkpoints and evaluations see."""
+    step: Callable[[StepContext, Any], tuple[torch.Tensor, torch.Tensor | None, bool]] | None = None
+    """A task's own optimizer step, (context, batch) -> (loss, tokens or None, applied): for
+    tasks whose step is not one forward, one loss, one backward and one optimizer step (a
+    GAN's two alternating updates)."""
+    out_dir: Path | None = None
+    """The run's folder (set by the trainer after build): where a task writes its own
+    artifacts during training (a GAN's sample grids)."""
+    compile_units: list[nn.Module] | None = None
+    """Repeated units (decoder layers, the chunked loss): torch.compile compiles each in place
+    instead of the whole model, so one graph serves every layer and the wrapper code (peft, the
+    loss) stays eager."""
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under DP/DDP and torch.compile wrappers, and under wrappers without
+    parameters of their own that name the module inside (`state_dict_root`: the causal LM's loss
+    wrapper), so checkpoints carry the model's own parameter names whatever wraps it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif getattr(model, "state_dict_root", None):
+            model = getattr(model, model.state_dict_root)
+        else:
+            return model
+
+
+def whole_tensor(t):
+    """A value computed on shards (a DTensor: the loss over vocabulary shards) as a plain tensor;
+    a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

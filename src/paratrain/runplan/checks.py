@@ -1,0 +1,141 @@
+"""Settings of different owners checked against each other, once the strategy is known: each
+a ValueError naming the key, the value and the fix (resolve turns it into the one-line error)."""
+
+from __future__ import annotations
+
+from paratrain.protocols import Layout, Task
+
+# Where a layout the task refuses comes from, to name the key to change.
+LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp"}
+LAYOUT_NAMES = {
+    "single": "single",
+    "dp": "dp",
+    "ddp": "ddp-*",
+    "fsdp": "fsdp",
+    "tp": "tp",
+    "pp": "pipeline",
+    "split": "split",
+}
+
+
+def check_run(cfg, strategy: str, replicating: bool) -> None:
+    """The cross-owner rules of a run. replicating: DDP runs the data-parallel axis."""
+    if cfg.precision == "tf32" and cfg.device == "cpu":
+        raise ValueError(
+            "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
+        )
+    check_ddp_options(cfg, strategy, replicating)
+    p = cfg.parallel
+    if p.cpu_offload and not (strategy == "fsdp" or p.dp_shard != 1):
+        raise ValueError(
+            f"parallel.cpu_offload: moves FSDP's shards to host memory; strategy "
+            f"{strategy} has none (use strategy=fsdp, on one GPU too)"
+        )
+    sharded = strategy == "fsdp" or p.dp_shard != 1 or p.tp != 1 or p.pp != 1
+    if cfg.lora.save_merged and sharded:
+        raise ValueError(
+            "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"
+        )
+
+
+def check_ddp_options(cfg, strategy: str, replicating: bool) -> None:
+    """Gradient compression and the sync modes act on DDP's all-reduce."""
+    compression, sync = cfg.ddp.gradient_compression, cfg.sync
+    if compression != "none" and not replicating:
+        raise ValueError(
+            f"ddp.gradient_compression: compresses DDP's all-reduce; strategy "
+            f"{strategy} has none (use ddp-ds, ddp-rr or ddp-full)"
+        )
+    if sync.mode != "every_step":
+        check_sync_mode(cfg, strategy, replicating)
+    if sync.simulated_gbps:
+        if not replicating:
+            raise ValueError(
+                f"sync.simulated_gbps: delays DDP's gradient collectives; strategy "
+                f"{strategy} has none (use ddp-ds or ddp-rr)"
+            )
+        if compression == "powersgd":
+            raise ValueError(
+                "sync.simulated_gbps: PowerSGD's bytes are not counted, so no delay can be "
+                "derived from them; use none, fp16, bf16 or int8"
+            )
+
+
+def check_sync_mode(cfg, strategy: str, replicating: bool) -> None:
+    mode = cfg.sync.mode
+    if not replicating or strategy == "ddp-full":
+        raise ValueError(
+            f"sync.mode: {mode} changes how DDP's replicas agree; strategy "
+            f"{strategy} has none that train apart (use ddp-ds or ddp-rr)"
+        )
+    if cfg.precision == "fp16":
+        raise ValueError(
+            f"sync.mode: {mode} keeps gradients off DDP's all-reduce, so each "
+            "rank's fp16 loss scale would drift on its own (and stale-1 would apply "
+            "gradients scaled by an older one); use bf16 or fp32"
+        )
+    if mode == "stale" and cfg.ddp.gradient_compression != "none":
+        raise ValueError(
+            "sync.mode: stale runs its own fp32 all-reduce, which "
+            "ddp.gradient_compression does not compress; set one of them"
+        )
+
+
+def check_pipeline(cfg) -> None:
+    """What a pipeline does not do (yet): one line each, before anything runs."""
+    mb = cfg.pipeline.microbatches
+    if cfg.train.compile:
+        raise ValueError(
+            "train.compile: not with strategy=pipeline yet (parallel.pp > 1); set it false"
+        )
+    if cfg.precision == "fp16":
+        raise ValueError(
+            "precision: fp16's loss scaling is not wired through pipeline stages; use bf16"
+        )
+    if cfg.train.grad_accum_steps > 1:
+        raise ValueError(
+            "train.grad_accum_steps: a pipeline accumulates over its micro-batches already; "
+            "set pipeline.microbatches instead"
+        )
+    if cfg.data.batch_size % mb:
+        raise ValueError(
+            f"pipeline.microbatches: data.batch_size {cfg.data.batch_size} does not divide "
+            f"into {mb} equal micro-batches"
+        )
+
+
+def check_interleaved(cfg, pp: int, task: Task) -> None:
+    """An interleaved schedule's needs, before launch: a model the task cuts by its layers (a
+    language model's decoder layers), and micro-batches in whole rounds over the pipeline
+    ranks."""
+    p = cfg.pipeline
+    if pp < 2 or not p.schedule.startswith("interleaved"):
+        return
+    if task.model_keys != "huggingface":
+        raise ValueError(
+            "pipeline.schedule: interleaved stages are built for language models; an image "
+            "model's pipeline runs gpipe or 1f1b"
+        )
+    if p.microbatches % pp:
+        raise ValueError(
+            f"pipeline.microbatches: the interleaved schedule takes a multiple of the {pp} "
+            f"pipeline ranks, got {p.microbatches}"
+        )
+
+
+def check_supported(task: Task, layout: Layout, strategy: str, precision: str) -> None:
+    """The task trains with the layouts and precisions it declares; the rest are refused."""
+    refused = sorted(layout.uses - task.layouts)
+    if refused:
+        kind = refused[0]
+        key = LAYOUT_KEYS.get(kind, "strategy") if LAYOUT_NAMES[kind] != strategy else "strategy"
+        offered = ", ".join(LAYOUT_NAMES[x] for x in LAYOUT_NAMES if x in task.layouts)
+        why = task.refusals.get(kind) or (
+            f"task {task.name} does not train with {LAYOUT_NAMES[kind]}; it trains with {offered}"
+        )
+        raise ValueError(f"{key}: {why}")
+    if precision not in task.precisions:
+        raise ValueError(
+            f"precision: task {task.name} does not train in {precision}; it takes "
+            f"{', '.join(sorted(task.precisions))}"
+        )

@@ -1,0 +1,75 @@
+"""The plan as a few lines at the start of a run: where the model and the data come from, what
+is random or synthetic, how the run lies over the ranks, in which precision."""
+
+from __future__ import annotations
+
+from paratrain.runplan.sources import BUNDLED
+
+
+def lines(plan, built: dict | None = None) -> list[str]:
+    """What rank 0 prints before step 1; `built`: counts known once the model and data exist
+    (parameters, trainable, rows)."""
+    built = built or {}
+    out = [
+        ("model", model_line(plan, built)),
+        ("data", data_line(plan, built)),
+        ("task", plan.task),
+        ("layout", layout_line(plan)),
+        ("precision", precision_line(plan)),
+    ]
+    out += [("note", note) for note in plan.notes]
+    return [f"  {key:<10} {text}" for key, text in out]
+
+
+def model_line(plan, built: dict) -> str:
+    m = plan.model
+    where = {
+        "path": f"{m.where} (Hugging Face folder)",
+        "shape": f"shape {m.where}",
+        "builder": m.where,
+        "python": m.where,
+    }[m.kind]
+    weights = {"loaded": "weights loaded", "random": "RANDOM weights", "as given": "as given"}
+    text = f"{where}: {weights[m.weights]}"
+    if built.get("parameters"):
+        text += f", {built['parameters']:,} parameters"
+        trainable = built.get("trainable")
+        if trainable is not None and trainable != built["parameters"]:
+            text += f" ({trainable:,} trained)"
+    return text
+
+
+def data_line(plan, built: dict) -> str:
+    d = plan.data
+    if d.source == "python":
+        text = "the data sets given to paratrain.train"
+    elif d.synthetic:
+        text = f"{d.source}: SYNTHETIC (random samples, not data)"
+    elif d.source in BUNDLED:
+        text = f"{d.source} ({BUNDLED[d.source]})"
+    else:
+        text = f"{d.source} from {d.path}"
+    rows = built.get("rows") or {}
+    if rows:
+        text += f", {rows.get('train', 0):,} training / {rows.get('val', 0):,} held-out rows"
+    return text
+
+
+def layout_line(plan) -> str:
+    lay = plan.layout
+    shape = " x ".join(f"{a}={v}" for a, v in lay.degrees.items() if v > 1) or "1 rank"
+    wrapper = {"ddp": "DDP", "fsdp": "FSDP2", "data-parallel": "DataParallel"}.get(lay.wrapper)
+    parts = [f"{plan.label} x{plan.world_size} on {plan.device}", shape]
+    if wrapper:
+        parts.append(wrapper)
+    if lay.dp_size > 1:
+        parts.append(f"{lay.sampler} sampler")
+    return ", ".join(parts) + (
+        " (REDUNDANT data: every rank reads every sample)" if plan.redundant else ""
+    )
+
+
+def precision_line(plan) -> str:
+    cfg = plan.config
+    fp8 = cfg.model.fp8 if plan.task == "causal_lm" and cfg.model.fp8 != "none" else None
+    return cfg.precision + (f" with float8 ({fp8}) linear layers" if fp8 else "")
