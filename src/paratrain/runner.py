@@ -16,8 +16,9 @@ from paratrain.config import to_yaml
 from paratrain.errors import ERROR_DIR, UserError, first_worker_error
 from paratrain.runplan import RunPlan
 from paratrain.tasks import get_task
+from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
 from paratrain.trainer.loop import train
-from paratrain.trainer.setup import checkpoint_dir, default_output_dir, refuse_other_run, restarted
+from paratrain.trainer.setup import default_output_dir
 
 
 def preflight(plan: RunPlan) -> None:
@@ -101,7 +102,7 @@ def worker_imports(plan: RunPlan) -> tuple[str, ...]:
     if switch != "1" and plan.device == "cuda":
         return ()
     task = {"causal_lm": ("transformers", "peft"), "custom": ()}.get(plan.task, ("torchvision",))
-    return ("paratrain.worker", "paratrain.trainer.setup", *task)
+    return ("paratrain.worker", "paratrain.trainer.trainer", *task)
 
 
 def with_output_dir(plan: RunPlan) -> RunPlan:

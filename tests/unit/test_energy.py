@@ -102,7 +102,7 @@ def test_run_reports_energy_per_sample(tmp_path, monkeypatch, capsys):
     power x the measured seconds / the measured samples, and the summary line says it."""
     t0 = time.perf_counter()
     monkeypatch.setattr(
-        loop, "energy_counter", lambda devices: lambda: 200.0 * (time.perf_counter() - t0)
+        telemetry, "energy_counter", lambda devices: lambda: 200.0 * (time.perf_counter() - t0)
     )
     cfg = load_config(
         None,

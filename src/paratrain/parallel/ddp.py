@@ -152,5 +152,3 @@ def average_buffers(model: nn.Module, group=None) -> None:
         with torch.no_grad():
             for b, mean in zip(bufs, _unflatten_dense_tensors(flat, bufs), strict=True):
                 b.copy_(mean)
-
-

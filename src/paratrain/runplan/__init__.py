@@ -157,9 +157,7 @@ def plan_of(recipe, overrides: list[str] | None = None) -> RunPlan:
     from paratrain.config import load_config, parse_override
 
     overrides = list(overrides or [])
-    return resolve(
-        load_config(recipe, overrides), given=[parse_override(o)[0] for o in overrides]
-    )
+    return resolve(load_config(recipe, overrides), given=[parse_override(o)[0] for o in overrides])
 
 
 def replicating(cfg: RunConfig, strategy: str) -> bool:

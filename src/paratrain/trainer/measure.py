@@ -158,3 +158,56 @@ def sdpa_priority(name: str) -> contextlib.AbstractContextManager:
     }
     first = kernels[name]
     return sdpa_kernel([first] + [k for k in kernels.values() if k != first], set_priority=True)
+
+
+class Measure:
+    """What the trainer measures, in one component: the training clock (evaluation and
+    checkpoints paused out of it), the warm-up mark from which throughput counts, the
+    profiled steps right after warm-up, the GPU telemetry over the measured steps, tokens
+    counted on the device, and steps far slower than usual (out of throughput)."""
+
+    def __init__(self, run):
+        from paratrain.profiling import StepProfiler
+        from paratrain.telemetry import GpuSampler, energy_counter
+        from paratrain.trainer.watchdog import StallMeter
+
+        device, tc = run.env.device, run.cfg.train
+        self.start_step = run.state.step
+        self.warmup = tc.warmup_steps
+        self.gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
+        self.clock = TrainClock(device, energy_counter(run_devices(run)), self.gpu)
+        self.meter = Meter(device, run.state.step, tc.warmup_steps, tc.profile_steps)
+        self.profiler = StepProfiler(device, tc.profile_steps, run.out_dir, run.env.is_main)
+        self.stalls = StallMeter(run.cfg.dist.watchdog_s)
+        metrics.reset_peak_memory(device)
+
+    def before_step(self, step: int) -> None:
+        if step - self.start_step == self.warmup:
+            self.profiler.start()  # when asked for: the steps right after warm-up
+        if self.meter.at_warm_mark(step):
+            self.profiler.stop()
+            self.meter.mark(step, self.clock)  # throughput counts from here
+            self.gpu.start()
+
+    def count(self, tokens) -> None:
+        if tokens is not None:
+            self.meter.tokens += tokens
+
+    def after_step(self, step: int, seconds: float) -> None:
+        """The step's real time (the loss check's sync makes it so, also on a GPU), without
+        the checkpoint it waited for: a stall's excess leaves the clock."""
+        self.clock.exclude(self.stalls.step(step, seconds))
+
+    def finish(self) -> list:
+        """-> every rank's GPU telemetry (a collective)."""
+        from paratrain.distributed import process_group as pg
+
+        self.profiler.stop()  # a run too short to reach its measured steps
+        return pg.all_gather_object(self.gpu.stop())
+
+
+def run_devices(run) -> list[torch.device]:
+    """The devices this rank drives: every GPU a layer split spans, else its own."""
+    if run.split and run.env.device.type == "cuda":
+        return [torch.device(d) for d in run.split["devices"]]
+    return [run.env.device]

@@ -46,6 +46,7 @@ def build(
     artifacts: dict,
     phases: dict | None = None,
     stalls: dict | None = None,
+    checkpoints: dict | None = None,
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
     device = env.device
@@ -67,7 +68,7 @@ def build(
         "stall_s": sum(x["excess_s"] for x in (stalls or {}).get("slow_steps", [])),
         "stalls": stalls,
         # checkpoints this run wrote and the time training waited for them (out of train_s)
-        "checkpoint": {"async_mode": cfg.checkpoint.async_mode, **run.checkpoint_stats},
+        "checkpoint": {"async_mode": cfg.checkpoint.async_mode, **(checkpoints or {})},
         "measured_steps": measured_steps,
         "warmup_excluded": warmup_excluded,
         "step_time_s": measured_s / max(measured_steps, 1),

@@ -6,6 +6,9 @@ their gradients to their neighbours."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -16,43 +19,63 @@ from paratrain.profiling import phase
 from paratrain.protocols import StepContext, whole_tensor
 
 
-def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
-    """-> (this step's loss on this rank, or None on a pipeline stage without the loss;
-    tokens it trained on, or None for images; whether the step was applied: False when its
-    loss or gradients were not finite on some rank, and every rank skipped the update)."""
-    k, work, scaler = run.k, run.work, run.scaler
-    step = run.state.step + 1  # the step being taken, from 1
+def choose_step(run) -> Callable[[Iterator], tuple[torch.Tensor | None, Any, Any]]:
+    """The run's step, chosen once: the task's own (a GAN: two models, two optimizers), or
+    forward and backward (micro-batches, or a pipeline schedule's) then the update. A step
+    takes the epoch's batch iterator -> (this step's loss on this rank, or None on a pipeline
+    stage without the loss; tokens it trained on, or None for images; whether it was applied:
+    a bool, or a device flag the NaN guard reads a step later)."""
+    if run.work.step is not None:
+        return lambda batches: run.work.step(task_step_context(run), next(batches))
+    forward_backward = pipeline_pass if run.pipe is not None else micro_batches
+
+    def step(batches):
+        with run.step_context():  # loss_parallel under TP: forward and backward inside it
+            loss_sum, tokens = forward_backward(run, batches)
+        return update(run, loss_sum, tokens)
+
+    return step
+
+
+def pipeline_pass(run, batches) -> tuple[torch.Tensor | None, Any]:
+    """Forward and backward of every micro-batch, stage by stage."""
+    batch = next(batches)
+    with run.policy.autocast():
+        loss_sum = run.pipe.train_step(batch)
+    return loss_sum, run.work.pipeline.tokens(batch)
+
+
+def micro_batches(run, batches) -> tuple[torch.Tensor, Any]:
+    """k micro-batches of forward, loss and backward; gradients accumulate."""
+    k, scaler, step = run.k, run.scaler, run.state.step + 1
     cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
-    if work.step is not None:  # the task's own step (a GAN: two models, two optimizers)
-        return work.step(task_step_context(run), next(batches))
-    with run.step_context():  # loss_parallel under TP: forward and backward inside it
-        if run.pipe is not None:  # forward and backward of every micro-batch, stage by stage
+    for micro in range(k):
+        with phase("data", cuda):
             batch = next(batches)
-            with run.policy.autocast():
-                loss_sum = run.pipe.train_step(batch)
-            tokens = work.pipeline.tokens(batch)
-        else:
-            for micro in range(k):
-                with phase("data", cuda):
-                    batch = next(batches)
-                # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync)
-                # or reduce-scatters (FSDP).
-                # sync.mode: local SGD, DiLoCo and stale-1 take no all-reduce in backward
-                sync = micro == k - 1 and run.sync.grad_sync(step)
-                with gradient_sync(run.model, enabled=sync):
-                    with phase("forward", cuda), run.policy.autocast():
-                        loss, n_tokens = work.loss(run.model, batch)
-                        if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
-                            loss = loss / k
-                    # backward: DDP all-reduces gradient buckets here, overlapped with compute
-                    with phase("backward", cuda):
-                        (scaler.scale(loss) if scaler else loss).backward()
-                # strategy=split: the loss comes from the last GPU; the sums live on the first
-                detached = whole_tensor(loss.detach()).to(run.env.device)
-                loss_sum = detached if loss_sum is None else loss_sum + detached
-                if n_tokens is not None:
-                    tokens = n_tokens if tokens is None else tokens + n_tokens
+        # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync) or
+        # reduce-scatters (FSDP). sync.mode: local SGD, DiLoCo and stale-1 take no all-reduce
+        # in backward
+        sync = micro == k - 1 and run.sync.grad_sync(step)
+        with gradient_sync(run.model, enabled=sync):
+            with phase("forward", cuda), run.policy.autocast():
+                loss, n_tokens = run.work.loss(run.model, batch)
+                if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
+                    loss = loss / k
+            # backward: DDP all-reduces gradient buckets here, overlapped with compute
+            with phase("backward", cuda):
+                (scaler.scale(loss) if scaler else loss).backward()
+        # strategy=split: the loss comes from the last GPU; the sums live on the first
+        detached = whole_tensor(loss.detach()).to(run.env.device)
+        loss_sum = detached if loss_sum is None else loss_sum + detached
+        if n_tokens is not None:
+            tokens = n_tokens if tokens is None else tokens + n_tokens
+    return loss_sum, tokens
+
+
+def update(run, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any]:
+    """The NaN guard, then the optimizer step (or none, on every rank, for a bad step)."""
+    cuda = run.env.device.type == "cuda"
     replicate_partial_grads(run.dtensor_params)  # tensor parallel: summed norms' gradients
     if faults.poison_gradients(run.env.rank, run.state.step + 1):
         for p in run.params:
@@ -67,22 +90,27 @@ def train_step(run, batches) -> tuple[torch.Tensor | None, torch.Tensor | None, 
                 run.optimizer.zero_grad(set_to_none=True)
                 return loss_sum, tokens, False
     with phase("optimizer", cuda):
-        # stale-1: this step's gradients start their all-reduce; last step's are applied
-        if run.sync.before_optimizer(step):
-            if scaler is not None:
-                scaler.step(run.optimizer)  # skipped when the gradients hold inf/NaN
-                scaler.update()  # ... and then the scale backs off
-            elif verdict is not None:
-                # the fused kernel skips the whole update (and the step count) when the flag
-                # is set, on the device: GradScaler's mechanism, without its host read
-                run.optimizer.found_inf, run.optimizer.grad_scale = verdict, None
-                run.optimizer.step()
-                run.optimizer.found_inf = None
-            else:
-                run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        run.sync.after_optimizer(step)  # local SGD, DiLoCo: the replicas averaged every H steps
+        optimizer_step(run, verdict)
     return loss_sum, tokens, True if verdict is None else verdict
+
+
+def optimizer_step(run, verdict) -> None:
+    step, scaler, optimizer = run.state.step + 1, run.scaler, run.optimizer
+    # stale-1: this step's gradients start their all-reduce; last step's are applied
+    if run.sync.before_optimizer(step):
+        if scaler is not None:
+            scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
+            scaler.update()  # ... and then the scale backs off
+        elif verdict is not None:
+            # the fused kernel skips the whole update (and the step count) when the flag is
+            # set, on the device: GradScaler's mechanism, without its host read
+            optimizer.found_inf, optimizer.grad_scale = verdict, None
+            optimizer.step()
+            optimizer.found_inf = None
+        else:
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    run.sync.after_optimizer(step)  # local SGD, DiLoCo: the replicas averaged every H steps
 
 
 def guard_on_device(run) -> bool:

@@ -1,0 +1,175 @@
+"""Trainer: a run built once (trainer/setup.py) and the components that act on it, each owning
+its state and its cadence:
+
+    Checkpointer   every checkpoint.every_steps, at the end; the resume      checkpointer.py
+    Evaluator      held-out metrics at the end of each epoch                 evaluate.py
+    Measure        the training clock, warm-up mark, profiler, telemetry     measure.py
+    Reporter       progress bar, step log every log.every_steps, epoch lines report.py
+    NaNGuard       skipped steps (train.max_bad_steps)                       guard.py
+    Watchdog       heartbeats; names a rank that falls behind                watchdog.py
+
+and the step, chosen once for the run (trainer/step.py: micro-batches, a pipeline schedule, or
+the task's own step). `fit` is the loop: read it top to bottom.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from paratrain import faults, metrics
+from paratrain.distributed import process_group as pg
+from paratrain.trainer import result as results
+from paratrain.trainer.checkpointer import Checkpointer
+from paratrain.trainer.evaluate import Evaluator
+from paratrain.trainer.guard import NaNGuard
+from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
+from paratrain.trainer.report import Reporter
+from paratrain.trainer.setup import announce, setup
+from paratrain.trainer.step import choose_step
+from paratrain.trainer.watchdog import Watchdog
+
+
+class Trainer:
+    def __init__(self, plan, env: pg.DistEnv):
+        self.run = run = setup(plan, env)
+        self.checkpoints = Checkpointer(run)
+        self.checkpoints.resume_if_asked()
+        announce(run)  # config.yaml and plan.json, once every check has passed
+        cfg = run.cfg
+        self.watchdog = Watchdog(
+            env.rank,
+            env.world_size,
+            cfg.dist.watchdog_s,
+            dump_dir=run.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
+            backend=env.backend,
+        )
+        self.measure = Measure(run)
+        self.report = Reporter(run, self.measure)
+        self.guard = NaNGuard(run)
+        self.evaluate = Evaluator(run, self.watchdog)
+        self.step = choose_step(run)
+        self.start_step = run.state.step
+
+    def fit(self) -> dict[str, Any]:
+        run, state = self.run, self.run.state
+        began, epochs = time.perf_counter(), []
+        gc_pause(run.cfg.train.gc_every_steps)
+        try:
+            while state.step < run.total_steps:
+                epochs.append(self.epoch())
+            return self.finish(epochs, began)
+        finally:
+            self.watchdog.stop()
+
+    def epoch(self) -> dict[str, Any]:
+        """One pass over this rank's share of the data (or what is left of it on resume),
+        then the held-out metrics."""
+        run, state, clock = self.run, self.run.state, self.measure.clock
+        skip = state.step_in_epoch * run.k * run.loader_batch  # resume mid-epoch
+        run.work.sampler.set_epoch(state.epoch, skip=skip)
+        run.model.train()
+        first, began, wall = state.step, clock.elapsed(), time.perf_counter()
+        self.loss_sum = torch.zeros((), device=run.env.device, dtype=torch.float64)
+        batches = iter(run.work.train)
+        clock.resume()
+        self.report.epoch_start()
+        while state.step_in_epoch < run.steps_per_epoch and state.step < run.total_steps:
+            self.train_step(batches)
+        clock.pause()
+        self.guard.read()
+        record = self.epoch_record(first, clock.elapsed() - began)
+        if state.step_in_epoch >= run.steps_per_epoch:
+            state.epoch += 1
+            state.step_in_epoch = 0
+        record.update(self.evaluate())
+        record["wall_s"] = time.perf_counter() - wall  # training + evaluation
+        self.report.epoch_end(record)
+        return record
+
+    def train_step(self, batches) -> None:
+        """One optimizer step, and what follows it: its loss into the epoch's sum (none for a
+        skipped step, nor on a pipeline stage without the loss), the components' turns."""
+        run, state, tc = self.run, self.run.state, self.run.cfg.train
+        self.measure.before_step(state.step)
+        set_lr(run.optimizer, lr_at(state.step, run.total_steps, tc))
+        began = time.perf_counter()
+        self.watchdog.beat(state.step + 1, "step")
+
+        loss, tokens, good = self.step(batches)  # forward, backward, optimizer step
+
+        loss = self.guard.judge(loss, good)
+        if loss is not None:
+            self.loss_sum += loss
+        self.measure.count(tokens)
+        state.step += 1
+        state.step_in_epoch += 1
+        gc_tick(tc.gc_every_steps, state.step)
+        self.report.after_step(self.loss_sum)
+        saving = self.checkpoint_if_due()
+        self.watchdog.beat(state.step, "between steps")
+        faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
+        self.measure.after_step(state.step, time.perf_counter() - began - saving)
+
+    def checkpoint_if_due(self) -> float:
+        """-> the seconds a checkpoint took (already outside the training clock)."""
+        run, clock = self.run, self.measure.clock
+        if not self.checkpoints.due(run.state.step):
+            return 0.0
+        began = time.perf_counter()
+        self.guard.read()  # a checkpoint's list of skipped steps is complete
+        clock.pause()
+        self.watchdog.beat(run.state.step, "checkpoint")
+        run.sync_buffers()
+        self.checkpoints.save()
+        clock.resume()
+        return time.perf_counter() - began
+
+    def epoch_record(self, first: int, train_s: float) -> dict[str, Any]:
+        run, state = self.run, self.run.state
+        steps = state.step - first
+        good = steps - sum(first < b <= state.step for b in state.bad_steps)
+        (loss_total,) = pg.all_reduce_sum([self.loss_sum.item()], run.env.device)
+        return {
+            "epoch": state.epoch,
+            "steps": steps,
+            "train_s": train_s,
+            # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
+            # stages only the last has it
+            "train_loss": loss_total / (run.env.world_size // run.dims.pp) / max(good, 1),
+            "unique_samples_per_s": run.unique_per_step * steps / max(train_s, 1e-9),
+        }
+
+    def finish(self, epochs: list[dict], began: float) -> dict[str, Any]:
+        """The end of the run: the last checkpoint, the task's artifacts, result.json."""
+        run, measure = self.run, self.measure
+        artifacts = self.report.close()
+        run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
+        telemetry = measure.finish()
+        run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
+        self.checkpoints.finish(self.start_step)
+        if run.work.finish is not None:
+            artifacts = {**run.work.finish(run.model, run.out_dir), **artifacts}
+        result = results.build(
+            run,
+            epochs=epochs,
+            start_step=self.start_step,
+            window=measure.meter.window(run.state.step, measure.clock),
+            joules=measure.meter.joules(run.state.step, measure.clock),
+            tokens=measure.meter.tokens,
+            train_s=measure.clock.elapsed(),
+            wall_s=time.perf_counter() - began,
+            telemetry=telemetry,
+            profile=measure.profiler.summary,
+            phases=measure.profiler.phases,
+            artifacts=artifacts,
+            stalls={"slow_steps": measure.stalls.stalls, "stragglers": self.watchdog.incidents},
+            checkpoints=self.checkpoints.stats,
+        )
+        if run.env.is_main:
+            metrics.write_json(run.out_dir / "result.json", result)
+            results.print_summary(result)
+        pg.barrier()
+        return result
