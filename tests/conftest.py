@@ -69,7 +69,7 @@ def read_result(run_dir) -> dict:
 
 
 def last_checkpoint(run_dir) -> Path:
-    from paratrain.trainer.checkpoint import list_checkpoints
+    from paratrain.checkpoint import list_checkpoints
 
     ckpts = list_checkpoints(Path(run_dir) / "checkpoints")
     assert ckpts, f"no checkpoint in {run_dir}"
@@ -78,7 +78,7 @@ def last_checkpoint(run_dir) -> Path:
 
 def read_ckpt(path) -> dict:
     """A checkpoint folder (DCP) as plain tensors: model, optimizer, loop, rng per rank."""
-    from paratrain.trainer.checkpoint import read_checkpoint
+    from paratrain.checkpoint import read_checkpoint
 
     return read_checkpoint(path)
 

@@ -28,7 +28,7 @@ PY
 done
 python3 - $MODES <<'PY' | tee -a "$OUT/async_save.txt"
 import sys
-from paratrain.trainer.checkpoint import list_checkpoints, read_checkpoint
+from paratrain.checkpoint import list_checkpoints, read_checkpoint
 modes = sys.argv[1:]
 ref = read_checkpoint(list_checkpoints("/tmp/ck_none/checkpoints")[-1])
 for m in modes[1:]:

@@ -139,7 +139,7 @@ def _train_objects(plan, given: dict[str, Any]) -> dict[str, Any]:
 def _load_final(model, cfg: RunConfig) -> None:
     """The final checkpoint's weights into the model given (checkpoints leave frozen
     parameters out: those the model holds already)."""
-    from paratrain.trainer.checkpoint import read_checkpoint, resolve_resume
+    from paratrain.checkpoint import read_checkpoint, resolve_resume
     from paratrain.trainer.checkpointer import checkpoint_dir
 
     where = checkpoint_dir(cfg, Path(cfg.output_dir))

@@ -8,23 +8,20 @@ with the links' speed whatever the rank count n: 2(n-1)/n for all_reduce, (n-1)/
 reduce_scatter and all_to_all, 1 for broadcast. Every size's result is checked once against the
 values it must hold, so a broken link or a mis-set backend fails instead of timing garbage.
 
-Each torchrun worker runs ``python -m paratrain.collectives CONFIG_JSON``.
+The comm command (comm.py) and `doctor` time them through measure_all.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from paratrain.errors import UserError, exit_code
+from paratrain.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -173,85 +170,23 @@ def measure(op: str, nbytes: int, cfg: CommConfig, device: torch.device) -> dict
     }
 
 
-def run(cfg: CommConfig) -> dict:
-    """In a torchrun worker: every op over every size; rank 0 prints and writes result.json."""
-    from paratrain import metrics
-    from paratrain.distributed import process_group as pdist
-
-    env = pdist.init_distributed(cfg.device, multiprocess=True)
-    try:
-        max_bytes = cfg.max_bytes or (256 * 2**20 if env.device.type == "cuda" else 4 * 2**20)
-        rows = [
-            measure(op, nbytes, cfg, env.device)
-            for op in cfg.ops
-            for nbytes in sizes(cfg.min_bytes, max_bytes)
-        ]
-        result = {
-            "backend": env.backend,
-            "world_size": env.world_size,
-            "dtype": cfg.dtype,
-            "iters": cfg.iters,
-            "passes": cfg.passes,
-            "rows": rows,
-            "peak_busbw_gbps": {
-                op: max(r["busbw_gbps"] for r in rows if r["op"] == op) for op in cfg.ops
-            },
-            "hardware": metrics.hardware(env.device, env.world_size),
-            "commit": metrics.git_commit(),
-        }
-        if env.is_main:
-            from paratrain.bench.plots import comm_plot
-
-            metrics.write_json(Path(cfg.out_dir) / "result.json", result)
-            comm_plot(result, Path(cfg.out_dir) / "busbw.png")
-            print_table(result)
-        return result
-    finally:
-        pdist.shutdown()
-
-
-def print_table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(
-        title=f"{result['backend']}, {result['world_size']} ranks, {result['dtype']}, "
-        f"median of {result['passes']} passes of {result['iters']} calls per size "
-        "(slowest rank)"
-    )
-    for name in ("op", "size", "time µs", "min-max µs", "algbw GB/s", "busbw GB/s"):
-        table.add_column(name, justify="left" if name == "op" else "right")
-    for r in result["rows"]:
-        table.add_row(
-            r["op"],
-            _human(r["bytes"]),
-            f"{r['time_us']:,.1f}",
-            f"{r['time_us_min']:,.1f}-{r['time_us_max']:,.1f}",
-            f"{r['algbw_gbps']:,.2f}",
-            f"{r['busbw_gbps']:,.2f}",
-        )
-    Console().print(table)
-
-
-def _human(nbytes: int) -> str:
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
-def write_config(cfg: CommConfig) -> Path:
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "config.json"
-    path.write_text(json.dumps(asdict(cfg), indent=2))
-    return path
-
-
-def main(argv: list[str]) -> int:
-    (config_path,) = argv
-    return exit_code(lambda: run(CommConfig(**json.loads(Path(config_path).read_text()))))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+def measure_all(cfg: CommConfig, env) -> dict:
+    """Every op over every size on this process group -> the rows and each op's peak bus
+    bandwidth (the comm command adds the machine's facts and writes them: comm.py)."""
+    max_bytes = cfg.max_bytes or (256 * 2**20 if env.device.type == "cuda" else 4 * 2**20)
+    rows = [
+        measure(op, nbytes, cfg, env.device)
+        for op in cfg.ops
+        for nbytes in sizes(cfg.min_bytes, max_bytes)
+    ]
+    return {
+        "backend": env.backend,
+        "world_size": env.world_size,
+        "dtype": cfg.dtype,
+        "iters": cfg.iters,
+        "passes": cfg.passes,
+        "rows": rows,
+        "peak_busbw_gbps": {
+            op: max(r["busbw_gbps"] for r in rows if r["op"] == op) for op in cfg.ops
+        },
+    }

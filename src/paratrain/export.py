@@ -16,8 +16,8 @@ from paratrain.errors import UserError
 
 def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = None) -> dict:
     """-> what was written: {"format", "files", "step", "source"}."""
+    from paratrain.checkpoint import read_checkpoint, resolve_resume
     from paratrain.config import load_config
-    from paratrain.trainer.checkpoint import read_checkpoint, resolve_resume
 
     source = resolve_resume(checkpoint)
     cfg_path = Path(config) if config else source.parent.parent / "config.yaml"

@@ -111,56 +111,88 @@ def _describe(entry: dict) -> str:
     return f"{entry['profiling_name']} #{entry['collective_seq_id']} {sizes}"
 
 
-def analyze(dumps: dict[int, dict], world_size: int | None = None) -> list[str]:
-    """-> lines naming, per process group, the first collective not every member entered.
-    world_size: the job's ranks (else those the dumps name)."""
-    lines = []
+def _group_ranks(dumps: dict[int, dict]) -> dict[str, list[int]]:
+    """Each process group's members, as every dump's pg_config names them (a rank's own dump
+    may list only some)."""
     groups: dict[str, list[int]] = {}
     for d in dumps.values():
         for name, pg in (d.get("pg_config") or {}).items():
             ranks = {int(r) for r in re.findall(r"\d+", pg.get("ranks", ""))}
             groups[name] = sorted(ranks | set(groups.get(name, [])))
-    world = sorted({r for ranks in groups.values() for r in ranks} | set(dumps))
-    if world_size:
-        world = list(range(world_size))
-    missing = [r for r in world if r not in dumps]
-    for r in missing:
-        lines.append(f"rank {r}: no dump (stopped, killed, or stuck outside Python)")
+    return groups
+
+
+def _collectives(dumps: dict[int, dict]) -> dict[str, dict[int, list[dict]]]:
+    """group id -> rank -> the collectives it entered (point-to-point ones left out: they have
+    no sequence shared by the whole group)."""
     by_group: dict[str, dict[int, list[dict]]] = {}
     for rank, d in dumps.items():
         for e in d.get("entries", []):
             if e.get("is_p2p"):
                 continue
             by_group.setdefault(e["process_group"][0], {}).setdefault(rank, []).append(e)
-    for gid, per_rank in sorted(by_group.items()):
-        name = next(iter(per_rank.values()))[0]["process_group"][1]
-        members = world if name == "default_pg" else groups.get(gid) or sorted(per_rank)
-        last = {
-            r: max(
-                e["collective_seq_id"] for e in per_rank.get(r, [{}]) if "collective_seq_id" in e
-            )
-            if per_rank.get(r)
-            else -1
-            for r in members
-            if r in dumps
-        }
-        top = max(last.values(), default=-1)
-        behind = sorted(r for r in members if r not in dumps or last.get(r, -1) < top)
-        head = f"group {gid} ({name}, ranks {members})"
-        if not behind:
-            ahead = [e for e in per_rank[next(iter(last))] if e["collective_seq_id"] == top]
-            state = ahead[-1]["state"] if ahead else "?"
-            lines.append(f"{head}: every rank entered {_describe(ahead[-1])} ({state})")
-            continue
-        waiting = sorted(r for r in last if last[r] == top)
-        entry = next(e for e in per_rank[waiting[0]] if e["collective_seq_id"] == top)
-        lines.append(
-            f"{head}: {_describe(entry)} was entered by rank{'s' if len(waiting) > 1 else ''} "
-            f"{', '.join(map(str, waiting))} ({_where(entry)}) but not by "
-            f"{', '.join(map(str, behind))}"
-        )
-        for r in behind:
-            if r in per_rank:
-                own = max(per_rank[r], key=lambda e: e["collective_seq_id"])
-                lines.append(f"  rank {r} last entered {_describe(own)} ({_where(own)})")
+    return by_group
+
+
+def _last_seq(members: list[int], per_rank: dict[int, list[dict]], dumps: dict) -> dict[int, int]:
+    """Each dumped member's newest collective sequence number in the group (-1: none)."""
+    return {
+        r: max(e["collective_seq_id"] for e in per_rank.get(r, [{}]) if "collective_seq_id" in e)
+        if per_rank.get(r)
+        else -1
+        for r in members
+        if r in dumps
+    }
+
+
+def _behind_lines(
+    head: str, per_rank: dict[int, list[dict]], last: dict[int, int], top: int, behind: list[int]
+) -> list[str]:
+    """The collective the furthest ranks entered and the others did not, then where each of
+    those others last was: what to look at first in a hang."""
+    waiting = sorted(r for r in last if last[r] == top)
+    entry = next(e for e in per_rank[waiting[0]] if e["collective_seq_id"] == top)
+    lines = [
+        f"{head}: {_describe(entry)} was entered by rank{'s' if len(waiting) > 1 else ''} "
+        f"{', '.join(map(str, waiting))} ({_where(entry)}) but not by "
+        f"{', '.join(map(str, behind))}"
+    ]
+    for r in behind:
+        if r in per_rank:
+            own = max(per_rank[r], key=lambda e: e["collective_seq_id"])
+            lines.append(f"  rank {r} last entered {_describe(own)} ({_where(own)})")
+    return lines
+
+
+def _group_lines(
+    gid: str, per_rank: dict[int, list[dict]], world: list[int], groups: dict, dumps: dict
+) -> list[str]:
+    """One process group: every member level, or who is behind on which collective."""
+    name = next(iter(per_rank.values()))[0]["process_group"][1]
+    members = world if name == "default_pg" else groups.get(gid) or sorted(per_rank)
+    last = _last_seq(members, per_rank, dumps)
+    top = max(last.values(), default=-1)
+    behind = sorted(r for r in members if r not in dumps or last.get(r, -1) < top)
+    head = f"group {gid} ({name}, ranks {members})"
+    if behind:
+        return _behind_lines(head, per_rank, last, top, behind)
+    ahead = [e for e in per_rank[next(iter(last))] if e["collective_seq_id"] == top]
+    state = ahead[-1]["state"] if ahead else "?"
+    return [f"{head}: every rank entered {_describe(ahead[-1])} ({state})"]
+
+
+def analyze(dumps: dict[int, dict], world_size: int | None = None) -> list[str]:
+    """-> lines naming, per process group, the first collective not every member entered.
+    world_size: the job's ranks (else those the dumps name)."""
+    groups = _group_ranks(dumps)
+    world = sorted({r for ranks in groups.values() for r in ranks} | set(dumps))
+    if world_size:
+        world = list(range(world_size))
+    lines = [
+        f"rank {r}: no dump (stopped, killed, or stuck outside Python)"
+        for r in world
+        if r not in dumps
+    ]
+    for gid, per_rank in sorted(_collectives(dumps).items()):
+        lines += _group_lines(gid, per_rank, world, groups, dumps)
     return lines

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from paratrain.config.launch import LaunchConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.host import cores
 
 
 def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
@@ -109,14 +110,6 @@ def check_numa_affinity(cfg: LaunchConfig, cuda: bool) -> None:
         )
 
 
-def cores() -> int:
-    """The cores this process may run on (its affinity, as taskset or a container sets it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def threads_per_process(cfg: LaunchConfig, local_processes: int) -> int:
     return cfg.cpu_threads or max(1, cores() // max(local_processes, 1))
 
@@ -128,12 +121,13 @@ def _no_join_trace(record: logging.LogRecord) -> bool:
     return True
 
 
-def run_torchrun(argv: list[str], preload: tuple[str, ...] = ()) -> None:
+def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None) -> None:
     """torchrun's own agent, in this process. With `preload` (the modules every worker
     imports), the agent forks its workers from a fork server that imported them once, instead
     of starting `python -m <module>` per worker: on a CPU machine the imports (torch,
     transformers, peft: ~13 s of CPU each) are most of a short run's time, paid once rather
-    than once per rank. The worker is the same function either way (worker.forked)."""
+    than once per rank. `entrypoint` is then the function each forked worker runs with the
+    module's argument (worker.forked: the same as `python -m paratrain.worker`)."""
     from torch.distributed.run import config_from_args, get_args_parser
     from torch.distributed.run import run as elastic_run
 
@@ -162,11 +156,9 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = ()) -> None:
 
     forkserver._forkserver._stop()
     multiprocessing.set_forkserver_preload(list(preload))
-    from paratrain.worker import forked
-
     # A worker that exits non-zero is logged by the agent as one line ("failed (exitcode: 2)
     # local_rank: 0 ..."), as for `python -m` workers; for a function's process the agent adds
     # the traceback of its own join, which says nothing about the worker: left out.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_join_trace)
 
-    elastic_launch(config=config, entrypoint=forked)(cmd_args[-1])
+    elastic_launch(config=config, entrypoint=entrypoint)(cmd_args[-1])

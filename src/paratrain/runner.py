@@ -19,6 +19,7 @@ from paratrain.tasks import get_task
 from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
 from paratrain.trainer.loop import train
 from paratrain.trainer.setup import default_output_dir
+from paratrain.worker import forked
 
 
 def preflight(plan: RunPlan) -> None:
@@ -155,7 +156,7 @@ def launch_workers(plan: RunPlan) -> int:
         # the workers' thread count, set here (torchrun would set 1 and print a banner)
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
-            launch.run_torchrun(argv, preload=worker_imports(plan))
+            launch.run_torchrun(argv, preload=worker_imports(plan), entrypoint=forked)
         except Exception as e:  # torchrun's ChildFailedError
             mistake = first_worker_error(errors)
             if mistake:  # a worker found a user mistake: one line, once, for the whole job

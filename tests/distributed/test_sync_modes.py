@@ -12,9 +12,9 @@ import torch.distributed as dist
 from conftest import TINY, final_weights, max_abs_diff, read_result, run_cli, spawn_ranks
 from torch import nn
 
+from paratrain.checkpoint.integrity import write_manifest
 from paratrain.parallel import sync as sync_modes
 from paratrain.parallel.ddp import int8_hook
-from paratrain.trainer.integrity import write_manifest
 
 pytestmark = pytest.mark.dist
 

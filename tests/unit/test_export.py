@@ -5,9 +5,9 @@ import json
 import torch
 from conftest import TINY_LM, TINY_SETTINGS, adapter_logits, last_checkpoint, max_abs_diff
 
+from paratrain.checkpoint import list_checkpoints, read_checkpoint
 from paratrain.cli import main
 from paratrain.config import load_config
-from paratrain.trainer.checkpoint import list_checkpoints, read_checkpoint
 from paratrain.trainer.loop import train
 
 

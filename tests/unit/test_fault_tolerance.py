@@ -11,10 +11,10 @@ import pytest
 from conftest import TINY_LM, final_weights, max_abs_diff, read_result
 
 from paratrain import faults
+from paratrain.checkpoint import list_checkpoints
 from paratrain.cli import main
 from paratrain.config import load_config
 from paratrain.metrics import write_json
-from paratrain.trainer.checkpoint import list_checkpoints
 from paratrain.trainer.loop import train
 
 LM = [*TINY_LM, "data.batch_size=4", "lora.enabled=false", "checkpoint.every_steps=2"]
@@ -121,7 +121,7 @@ def test_loading_a_checkpoint_runs_no_code_from_it(four_steps, tmp_path, capsys,
     (newest / where).write_bytes(pickle.dumps(SideEffect(str(marker))))
     # a manifest that matches: the author of a malicious checkpoint writes one too
     listed = json.loads((newest / "manifest.json").read_text())
-    from paratrain.trainer.integrity import digests
+    from paratrain.checkpoint.integrity import digests
 
     listed["files"].update(digests([newest / where]))
     (newest / "manifest.json").write_text(json.dumps(listed))
@@ -216,8 +216,8 @@ def test_a_restarted_generation_without_a_checkpoint_starts_over(four_steps, tmp
 def test_an_async_checkpoint_equals_a_waited_one_and_appears_complete(four_steps, tmp_path):
     """checkpoint.async_mode=async: the same tensors, loop state and manifest-checked files as
     the run that waited for each save; nothing half-written is left behind."""
-    from paratrain.trainer.checkpoint import read_checkpoint
-    from paratrain.trainer.integrity import problem
+    from paratrain.checkpoint import read_checkpoint
+    from paratrain.checkpoint.integrity import problem
 
     out = tmp_path / "async"
     result = run(out, "train.max_steps=4", "checkpoint.async_mode=async")

@@ -4,8 +4,8 @@ code) and resumes bit for bit."""
 
 from conftest import TINY_LM, max_abs_diff
 
+from paratrain.checkpoint import read_checkpoint
 from paratrain.config import load_config
-from paratrain.trainer.checkpoint import read_checkpoint
 from paratrain.trainer.loop import train
 
 LM = [*TINY_LM, "lora.enabled=false", "train.optimizer=adamw8bit", "checkpoint.every_steps=2"]

@@ -203,8 +203,8 @@ def test_tensor_parallelism_is_for_language_models(capsys):
 
 
 def test_a_checkpoint_of_an_earlier_release_is_named(tmp_path):
+    from paratrain.checkpoint import resolve_resume
     from paratrain.errors import UserError
-    from paratrain.trainer.checkpoint import resolve_resume
 
     old = tmp_path / "step_00000010.pt"
     old.write_bytes(b"")

@@ -62,37 +62,53 @@ class Group:
         return node
 
 
-def group_rows(rows: list[Row]) -> list[Group]:
+def _buckets(rows: list[Row]) -> list[list[Row]]:
+    """The runs of one configuration (label, program, grid point) together: its repeats, in the
+    order first met."""
     buckets: dict[str, list[Row]] = {}
     for r in rows:
         buckets.setdefault(
             json.dumps([r.label, r.program, r.params], sort_keys=True, default=str), []
         ).append(r)
-    groups = []
-    for members in buckets.values():
-        ok = [r for r in members if r.status == "ok"]
-        first = members[0]
-        groups.append(
-            Group(
-                label=first.label,
-                program=first.program,
-                params=first.params,
-                config=first.config,
-                thr=arith.stat([r.unique_samples_per_s for r in ok]),
-                step=arith.stat([r.step_time_s for r in ok]),
-                acc=arith.stat([r.val_accuracy for r in ok]),
-                mem=arith.stat([r.peak_memory_bytes for r in ok]),
-                failed=[
-                    f"{r.status}: {(r.error or '').splitlines()[-1][:120] if r.error else ''}"
-                    for r in members
-                    if r.status != "ok"
-                ],
-                redundant=any((r.result or {}).get("redundant_data") for r in ok),
-                metrics_list=[r.metrics or {} for r in ok],
-                curves=[(r.result or {})["curve"] for r in ok if (r.result or {}).get("curve")],
-            )
-        )
-    return groups
+    return list(buckets.values())
+
+
+def _failed(members: list[Row]) -> list[str]:
+    """Each failed run in one line: its status and its error's last line, cut to 120
+    characters (the report's notes name it; the run's own folder has the rest)."""
+    return [
+        f"{r.status}: {(r.error or '').splitlines()[-1][:120] if r.error else ''}"
+        for r in members
+        if r.status != "ok"
+    ]
+
+
+def _curves(ok: list[Row]) -> list[list[list[float]]]:
+    """The loss curves of the runs whose result kept one."""
+    return [(r.result or {})["curve"] for r in ok if (r.result or {}).get("curve")]
+
+
+def _group(members: list[Row]) -> Group:
+    ok = [r for r in members if r.status == "ok"]
+    first = members[0]
+    return Group(
+        label=first.label,
+        program=first.program,
+        params=first.params,
+        config=first.config,
+        thr=arith.stat([r.unique_samples_per_s for r in ok]),
+        step=arith.stat([r.step_time_s for r in ok]),
+        acc=arith.stat([r.val_accuracy for r in ok]),
+        mem=arith.stat([r.peak_memory_bytes for r in ok]),
+        failed=_failed(members),
+        redundant=any((r.result or {}).get("redundant_data") for r in ok),
+        metrics_list=[r.metrics or {} for r in ok],
+        curves=_curves(ok),
+    )
+
+
+def group_rows(rows: list[Row]) -> list[Group]:
+    return [_group(members) for members in _buckets(rows)]
 
 
 def _fmt(x: float | None, spec: str = ",.0f", suffix: str = "") -> str:
@@ -119,6 +135,40 @@ def failures(groups: list[Group]) -> list[str]:
 # ------------------------------------------------------------------------------ the seed's layouts
 
 
+def _strategy_at(groups: list[Group], strategy: str, nproc: int) -> Group | None:
+    """The measured group of a data-parallel mode at a process count."""
+    return next(
+        (g for g in groups if g.get("strategy") == strategy and g.nproc == nproc and g.thr), None
+    )
+
+
+def _dp_row(
+    strategy: str,
+    one: Group | None,
+    many: Group | None,
+    sp: float | None,
+    n_max: int,
+    seed: dict[str, Any],
+) -> list[str]:
+    """One mode on 1 and on n_max processes, then the seed's numbers for it."""
+    s = seed["rows"].get(strategy, {})
+    name = strategy + (" (redundant data)" if strategy == "ddp-full" else "")
+    return [
+        name,
+        one.thr.fmt() if one else "n/a",
+        many.thr.fmt() if many else "n/a",
+        _fmt(sp, ".2f", "x"),
+        _fmt(arith.efficiency(sp, n_max) * 100 if sp else None, ".0f", "%")
+        + arith.suspect(sp, n_max, one.thr if one else None, many.thr if many else None),
+        _fmt(arith.time_for(EPOCH, one.thr.median) if one else None),
+        _fmt(arith.time_for(EPOCH, many.thr.median) if many else None),
+        _fmt(s.get("time_1")),
+        _fmt(s.get("time_n")),
+        _fmt(s.get("speedup"), ".2f", "x"),
+        _fmt(s["speedup"] / seed["gpus"] * 100 if s else None, ".0f", "%"),
+    ]
+
+
 def dp_modes_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, dict[str, float]]:
     n_max = max((g.nproc for g in groups), default=1)
     headers = [
@@ -136,36 +186,33 @@ def dp_modes_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, di
     ]
     rows, speedups = [], {}
     for strategy in ("ddp-full", "ddp-rr", "ddp-ds"):
-        one = next(
-            (g for g in groups if g.get("strategy") == strategy and g.nproc == 1 and g.thr), None
-        )
-        many = next(
-            (g for g in groups if g.get("strategy") == strategy and g.nproc == n_max and g.thr),
-            None,
-        )
-        s = seed["rows"].get(strategy, {})
+        one, many = _strategy_at(groups, strategy, 1), _strategy_at(groups, strategy, n_max)
         sp = arith.speedup(many.thr.median, one.thr.median) if one and many else None
         if sp is not None:
             speedups[strategy] = sp
-        name = strategy + (" (redundant data)" if strategy == "ddp-full" else "")
-        rows.append(
-            [
-                name,
-                one.thr.fmt() if one else "n/a",
-                many.thr.fmt() if many else "n/a",
-                _fmt(sp, ".2f", "x"),
-                _fmt(arith.efficiency(sp, n_max) * 100 if sp else None, ".0f", "%")
-                + arith.suspect(sp, n_max, one.thr if one else None, many.thr if many else None),
-                _fmt(arith.time_for(EPOCH, one.thr.median) if one else None),
-                _fmt(arith.time_for(EPOCH, many.thr.median) if many else None),
-                _fmt(s.get("time_1")),
-                _fmt(s.get("time_n")),
-                _fmt(s.get("speedup"), ".2f", "x"),
-                _fmt(s["speedup"] / seed["gpus"] * 100 if s else None, ".0f", "%"),
-            ]
-        )
+        rows.append(_dp_row(strategy, one, many, sp, n_max, seed))
     notes = [f"Ours on {n_max} processes, the seed's on {seed['gpus']} GPUs: compare efficiencies."]
     return Table("Data-parallel modes (seed table 2.2)", headers, rows, notes), speedups
+
+
+def _precision_row(
+    p: str, g: Group | None, base: Group | None, s: dict[str, Any] | None, seed_fp32: float
+) -> list[str]:
+    """One precision, ours (time relative to fp32's) beside the seed's."""
+    rel = base.thr.median / g.thr.median if (g and g.thr and base and base.thr) else None
+    return [
+        p,
+        g.thr.fmt() if g and g.thr else "n/a",
+        _fmt(arith.time_for(EPOCH, g.thr.median) if g and g.thr else None),
+        _fmt(rel, ".2f", "x"),
+        _acc(g.acc) if g else "n/a",
+        _gib(g.mem) if g else "n/a",
+        energy_per(g),
+        _fmt(s["time"] if s else None),
+        _fmt(s["time"] / seed_fp32 if s else None, ".2f", "x"),
+        _fmt(s["accuracy"] * 100 if s else None, ".2f", "%"),
+        _fmt(s["memory_gb"] if s else None),
+    ]
 
 
 def precision_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, dict[str, Group]]:
@@ -191,22 +238,7 @@ def precision_table(groups: list[Group], seed: dict[str, Any]) -> tuple[Table, d
         g, s = by.get(p), seed["rows"].get(p)
         if g is None and s is None:
             continue
-        rel = base.thr.median / g.thr.median if (g and g.thr and base and base.thr) else None
-        rows.append(
-            [
-                p,
-                g.thr.fmt() if g and g.thr else "n/a",
-                _fmt(arith.time_for(EPOCH, g.thr.median) if g and g.thr else None),
-                _fmt(rel, ".2f", "x"),
-                _acc(g.acc) if g else "n/a",
-                _gib(g.mem) if g else "n/a",
-                energy_per(g),
-                _fmt(s["time"] if s else None),
-                _fmt(s["time"] / seed_fp32 if s else None, ".2f", "x"),
-                _fmt(s["accuracy"] * 100 if s else None, ".2f", "%"),
-                _fmt(s["memory_gb"] if s else None),
-            ]
-        )
+        rows.append(_precision_row(p, g, base, s, seed_fp32))
     return Table("Precision (seed table 3.1)", headers, rows, [ENERGY_NOTE]), by
 
 
@@ -563,6 +595,68 @@ def precision_claims(by: dict[str, Group], seed_all: dict[str, Any]) -> list[str
     return out
 
 
+def _sweep_table(
+    kind: str, spec: dict[str, Any], groups: list[Group], seed: dict[str, Any]
+) -> tuple[Table, list[str]]:
+    """One sweep's table in its layout, and the seed's claims that its runs check."""
+    if kind == "dp_modes":
+        table, speedups = dp_modes_table(groups, seed["dp_modes"])
+        n_max = max((g.nproc for g in groups), default=1)
+        return table, dp_claims(speedups, n_max, seed["dp_modes"])
+    if kind == "precision":
+        table, by = precision_table(groups, seed["precision"])
+        return table, precision_claims(by, seed)
+    if kind == "pin_memory":
+        table, sp = pin_memory_table(groups, seed["pin_memory"])
+        return table, pin_memory_claims(sp, seed)
+    if kind == "llm":
+        return llm_table(groups, seed["llm"], spec.get("reference")), []
+    if kind == "variants":
+        return variants_table(groups, spec.get("reference")), []
+    if kind == "sync":
+        return sync_table(groups, spec.get("reference")), []
+    return plain_table(groups), []
+
+
+def pin_memory_claims(sp: float | None, seed_all: dict[str, Any]) -> list[str]:
+    if sp is None:
+        return []
+    return [
+        f"Seed: pin_memory gives {seed_all['pin_memory']['rows']['true']['speedup']}x (FP32, 4 GPUs). "
+        f"Ours: {sp:.2f}x."
+    ]
+
+
+def _annotate(
+    table: Table, name: str, spec: dict[str, Any], rows: list[Row], groups: list[Group]
+) -> None:
+    """The sweep's name in the title; how many runs and steps, the sweep's own notes and what
+    was not measured under the table, so that no number stands without them."""
+    table.title = f"{table.title} — sweep `{name}`"
+    steps = {r.metrics.get("measured_steps") for r in rows if r.metrics}
+    table.notes.append(
+        f"{len(rows)} runs; measured steps per run: {sorted(s for s in steps if s is not None)}."
+    )
+    if spec.get("notes"):
+        table.notes.append(str(spec["notes"]).strip())
+    table.notes += [f"Not measured — {f}" for f in failures(groups)]
+
+
+def _hardware(hw: dict[str, Any]) -> str:
+    """The machine of the first successful run, in one line."""
+    gpus = hw.get("gpu_count_visible", 0)
+    return (
+        (
+            f"Hardware: {gpus}x {hw.get('gpu_name')}, {hw.get('cpu_count')} CPUs, "
+            f"torch {hw.get('torch')}, CUDA {hw.get('cuda')}, driver {hw.get('driver')}, "
+            f"NCCL {hw.get('nccl')}."
+        )
+        if gpus
+        else f"Hardware: CPU only, {hw.get('cpu_count')} CPUs, torch {hw.get('torch')}; "
+        "every run's processes computed with the same threads each (launch.cpu_threads)."
+    )
+
+
 def build_report(
     rows_by_sweep: dict[str, tuple[str, dict[str, Any], list[Row]]],
 ) -> tuple[list[Table], list[str]]:
@@ -571,50 +665,13 @@ def build_report(
     for name, (kind, spec, rows) in rows_by_sweep.items():
         groups = group_rows(rows)
         hw = hw or next((r.hardware for r in rows if r.status == "ok" and r.hardware), None)
-        n_max = max((g.nproc for g in groups), default=1)
-        if kind == "dp_modes":
-            table, speedups = dp_modes_table(groups, seed["dp_modes"])
-            claims += dp_claims(speedups, n_max, seed["dp_modes"])
-        elif kind == "precision":
-            table, by = precision_table(groups, seed["precision"])
-            claims += precision_claims(by, seed)
-        elif kind == "pin_memory":
-            table, sp = pin_memory_table(groups, seed["pin_memory"])
-            if sp is not None:
-                claims.append(
-                    f"Seed: pin_memory gives {seed['pin_memory']['rows']['true']['speedup']}x (FP32, 4 GPUs). "
-                    f"Ours: {sp:.2f}x."
-                )
-        elif kind == "llm":
-            table = llm_table(groups, seed["llm"], spec.get("reference"))
-        elif kind == "variants":
-            table = variants_table(groups, spec.get("reference"))
-        elif kind == "sync":
-            table = sync_table(groups, spec.get("reference"))
-        else:
-            table = plain_table(groups)
-        table.title = f"{table.title} — sweep `{name}`"
-        steps = {r.metrics.get("measured_steps") for r in rows if r.metrics}
-        table.notes.append(
-            f"{len(rows)} runs; measured steps per run: {sorted(s for s in steps if s is not None)}."
-        )
-        if spec.get("notes"):
-            table.notes.append(str(spec["notes"]).strip())
-        table.notes += [f"Not measured — {f}" for f in failures(groups)]
+        table, checked = _sweep_table(kind, spec, groups, seed)
+        claims += checked
+        _annotate(table, name, spec, rows, groups)
         tables.append(table)
     preamble = ["# paratrain benchmark report", ""]
     if hw:
-        gpus = hw.get("gpu_count_visible", 0)
-        preamble.append(
-            (
-                f"Hardware: {gpus}x {hw.get('gpu_name')}, {hw.get('cpu_count')} CPUs, "
-                f"torch {hw.get('torch')}, CUDA {hw.get('cuda')}, driver {hw.get('driver')}, "
-                f"NCCL {hw.get('nccl')}."
-            )
-            if gpus
-            else f"Hardware: CPU only, {hw.get('cpu_count')} CPUs, torch {hw.get('torch')}; "
-            "every run's processes computed with the same threads each (launch.cpu_threads)."
-        )
+        preamble.append(_hardware(hw))
     preamble += ["", "How the numbers are computed:", *[f"- {a}" for a in ARITHMETIC]]
     if claims:
         tables.append(

@@ -163,6 +163,93 @@ def _same_threads(runs: list[RunSpec]) -> None:
             r.config.launch.cpu_threads = max(1, cores() // widest)
 
 
+def _apply_cli(
+    spec: dict[str, Any], sets: list[str] | None, axes: list[str] | None, repeats: int | None
+) -> None:
+    """The command line's --repeats, --grid and --set, into the sweep file's spec (before it is
+    checked, so that they are checked alike)."""
+    if repeats is not None:
+        if repeats < 1:
+            raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
+        spec["repeats"] = repeats
+    for text in axes or []:
+        key, values = parse_axis(text)
+        spec["grid"] = {**(spec.get("grid") or {}), key: values}
+    if sets:
+        spec["cli_set"] = list(sets)
+
+
+def _check_keys(spec: dict[str, Any]) -> None:
+    """A key the sweep does not know is refused: a typo would otherwise be silently ignored."""
+    unknown = set(spec) - _KEYS - {"cli_set"}
+    if unknown:
+        raise ConfigError(
+            f"sweep: unknown key {sorted(unknown)[0]}; accepted: {', '.join(sorted(_KEYS))}"
+        )
+
+
+def _checked_settings(spec: dict[str, Any]) -> tuple[str, int, float]:
+    """-> (table, repeats, timeout_s), checked before any run is resolved."""
+    table = spec.get("table", "plain")
+    if table not in TABLES:
+        raise ConfigError(f"sweep.table: got {table!r}; accepted: {', '.join(TABLES)}")
+    repeats = spec.get("repeats", 1)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"sweep.repeats: must be an integer >= 1, got {repeats!r}")
+    timeout_s = spec.get("timeout_s", 1800)
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ConfigError(f"sweep.timeout_s: must be a number > 0, got {timeout_s!r}")
+    return table, repeats, timeout_s
+
+
+def _variants(spec: dict[str, Any], only: list[str] | None) -> list[dict[str, Any]]:
+    """The variants to run. All of them are checked, also those --only leaves out: a mistake in
+    the file shows whichever part of it is asked for."""
+    variants = spec.get("variants") or [{}]
+    if not isinstance(variants, list):
+        raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")
+    for i, variant in enumerate(variants):
+        _check_variant(i, variant)
+    return _only(variants, only) if only else variants
+
+
+def _variant_runs(
+    i: int,
+    variant: dict[str, Any],
+    *,
+    name: str,
+    sweep_grid: Any,
+    recipe_path: Path | None,
+    common: list[str],
+    repeats: int,
+) -> list[RunSpec]:
+    """One variant crossed with its grid (its own, else the sweep's), each point `repeats`
+    times."""
+    program = variant.get("program", "paratrain")
+    own_timeout = variant.get("timeout_s")
+    if program not in PROGRAMS:
+        raise ConfigError(
+            f"sweep.variants[{i}].program: got {program!r}; accepted: {', '.join(PROGRAMS)}"
+        )
+    label = str(variant.get("label", program))
+    extra = _as_overrides(variant.get("set"), f"sweep.variants[{i}].set")
+    grid = variant.get("grid", sweep_grid)
+    where = f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
+    runs = []
+    for point in _grid_points(grid, where):
+        overrides = common + extra + _as_overrides(point, "sweep.grid")
+        plan = resolve(
+            load_config(recipe_path, [f"name={name}", *overrides]),
+            given=[parse_override(o)[0] for o in overrides],
+        )
+        params = {**(variant.get("set") or {}), **point}
+        runs += [
+            RunSpec(name, label, program, params, overrides, plan.config, r, own_timeout, plan)
+            for r in range(repeats)
+        ]
+    return runs
+
+
 def load_sweep(
     path: str | Path,
     sets: list[str] | None = None,
@@ -177,67 +264,24 @@ def load_sweep(
     on either, so repeating one configuration later adds runs beside the stored ones."""
     path = Path(path)
     spec = read_yaml(path)
-    if repeats is not None:
-        if repeats < 1:
-            raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
-        spec["repeats"] = repeats
-    for text in axes or []:
-        key, values = parse_axis(text)
-        spec["grid"] = {**(spec.get("grid") or {}), key: values}
-    if sets:
-        spec["cli_set"] = list(sets)
-    unknown = set(spec) - _KEYS - {"cli_set"}
-    if unknown:
-        raise ConfigError(
-            f"sweep: unknown key {sorted(unknown)[0]}; accepted: {', '.join(sorted(_KEYS))}"
-        )
+    _apply_cli(spec, sets, axes, repeats)
+    _check_keys(spec)
     name = str(spec.get("name") or path.stem)
-    table = spec.get("table", "plain")
-    if table not in TABLES:
-        raise ConfigError(f"sweep.table: got {table!r}; accepted: {', '.join(TABLES)}")
     recipe = spec.get("recipe")
     recipe_path = (path.parent / recipe) if recipe else None
-    repeats = spec.get("repeats", 1)
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"sweep.repeats: must be an integer >= 1, got {repeats!r}")
-    timeout_s = spec.get("timeout_s", 1800)
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ConfigError(f"sweep.timeout_s: must be a number > 0, got {timeout_s!r}")
+    table, repeats, timeout_s = _checked_settings(spec)
     common = _as_overrides(spec.get("set"), "sweep.set") + list(sets or [])
-    variants = spec.get("variants") or [{}]
-    if not isinstance(variants, list):
-        raise ConfigError("sweep.variants: expected a list of {label, program, set, grid}")
-    for i, variant in enumerate(variants):  # all of them, also those --only leaves out
-        _check_variant(i, variant)
-    if only:
-        variants = _only(variants, only)
-
     runs: list[RunSpec] = []
-    for i, variant in enumerate(variants):
-        program = variant.get("program", "paratrain")
-        own_timeout = variant.get("timeout_s")
-        if program not in PROGRAMS:
-            raise ConfigError(
-                f"sweep.variants[{i}].program: got {program!r}; accepted: {', '.join(PROGRAMS)}"
-            )
-        label = str(variant.get("label", program if program != "paratrain" else "paratrain"))
-        extra = _as_overrides(variant.get("set"), f"sweep.variants[{i}].set")
-        grid = variant.get("grid", spec.get("grid"))
-        for point in _grid_points(
-            grid, f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
-        ):
-            overrides = common + extra + _as_overrides(point, "sweep.grid")
-            plan = resolve(
-                load_config(recipe_path, [f"name={name}", *overrides]),
-                given=[parse_override(o)[0] for o in overrides],
-            )
-            params = {**(variant.get("set") or {}), **point}
-            for r in range(repeats):
-                runs.append(
-                    RunSpec(
-                        name, label, program, params, overrides, plan.config, r, own_timeout, plan
-                    )
-                )
+    for i, variant in enumerate(_variants(spec, only)):
+        runs += _variant_runs(
+            i,
+            variant,
+            name=name,
+            sweep_grid=spec.get("grid"),
+            recipe_path=recipe_path,
+            common=common,
+            repeats=repeats,
+        )
     _same_threads(runs)
     return Sweep(
         name,

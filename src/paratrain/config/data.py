@@ -19,6 +19,8 @@ TEXT_SOURCES = (*TEXT_FORMATS, *PLAIN_TEXT, "synthetic-text")
 LABELLED_TEXT = ("python-docstrings", "text-labels")
 
 IMAGE_SOURCES = ("mnist", "mnist-sample", "imagefolder", "synthetic")
+# sources whose data are files at data.path
+READS_FILES = ("mnist", "imagefolder", "text", "text-labels", *TEXT_FORMATS)
 
 
 @dataclass(kw_only=True)
@@ -97,6 +99,11 @@ class DataConfig:
     distributed."""
 
     def __post_init__(self) -> None:
+        self._check_loader()
+        self._check_sizes()
+        self._check_source()
+
+    def _check_loader(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.num_workers < 0:
@@ -108,6 +115,8 @@ class DataConfig:
             )
         if self.persistent_workers and self.num_workers == 0:
             raise ValueError("persistent_workers: needs num_workers > 0")
+
+    def _check_sizes(self) -> None:
         if self.image_size is not None and not 8 <= self.image_size <= 4096:
             raise ValueError(f"image_size: must be in [8, 4096] or null, got {self.image_size}")
         if self.channels is not None and self.channels not in (1, 3):
@@ -118,9 +127,13 @@ class DataConfig:
             raise ValueError(f"limit_samples: must be >= 1 or null, got {self.limit_samples}")
         if self.max_length < 8:
             raise ValueError(f"max_length: must be >= 8, got {self.max_length}")
-        if self.source in ("mnist", "imagefolder", "text", "text-labels", *TEXT_FORMATS) and not (
-            self.path
-        ):
+        if self.synthetic_samples < 2 or self.num_classes < 2 or self.synthetic_size < 1:
+            raise ValueError(
+                "synthetic_samples: the synthetic set needs >= 2 samples and >= 2 classes"
+            )
+
+    def _check_source(self) -> None:
+        if self.source in READS_FILES and not self.path:
             raise ValueError(
                 f"path: source {self.source} reads files; set data.path to their folder"
             )
@@ -134,10 +147,6 @@ class DataConfig:
             )
         if self.source in ("mnist", "mnist-sample") and self.channels == 3:
             raise ValueError("channels: MNIST is grayscale (1 channel)")
-        if self.synthetic_samples < 2 or self.num_classes < 2 or self.synthetic_size < 1:
-            raise ValueError(
-                "synthetic_samples: the synthetic set needs >= 2 samples and >= 2 classes"
-            )
 
 
 # Keys that mean something to one kind of data only (result.json leaves the other's out).

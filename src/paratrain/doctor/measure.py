@@ -93,7 +93,7 @@ def all_reduce(nproc: int, device: str, quick: bool) -> list[dict]:
     processes under torchrun's agent (NCCL on GPUs, gloo on CPUs)."""
     import json
 
-    from paratrain import collectives, launch
+    from paratrain import collectives, comm
 
     big = (64 if quick else 256) * 2**20 if device == "cuda" else 4 * 2**20
     with tempfile.TemporaryDirectory(prefix="paratrain-doctor-comm-") as out:
@@ -108,9 +108,7 @@ def all_reduce(nproc: int, device: str, quick: bool) -> list[dict]:
             device=device,
             out_dir=out,
         )
-        path = collectives.write_config(cfg)
-        argv = launch.torchrun_argv(launch.LaunchConfig(), nproc, path, "paratrain.collectives")
-        launch.run_torchrun(argv)
+        comm.launch_workers(cfg, nproc)
         result = json.loads((Path(out) / "result.json").read_text())
     wanted = {2**20, 16 * 2**20, big}  # a small, a middle and the largest message
     return [

@@ -35,7 +35,7 @@ def save_adapter(
     is_main: bool,
     pipelined: bool = False,
 ) -> dict[str, str]:
-    from paratrain.parallel.ddp import unwrap
+    from paratrain.protocols import unwrap
 
     peft_model = unwrap(model)  # under DDP, compile and the loss wrapper
     # Gathered from every rank (FSDP and TP shards, pipeline stages), written by rank 0 only.

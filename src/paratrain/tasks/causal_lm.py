@@ -180,18 +180,55 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
 
 
 def build(ctx: BuildContext) -> Workload:
+    cfg, layout = ctx.cfg, ctx.layout
+    d, pp = cfg.data, layout.pp
+    model, tokenizer = build_model(ctx)
+    train_rows, val_rows = token_rows(ctx, tokenizer, model.config.vocab_size)
+    train, val, sampler = loaders(ctx, tokenizer, train_rows, val_rows)
+    spec = CausalLMSpec()
+    seq_len = (
+        d.max_length
+        if d.packing or d.source == "synthetic-text" or pp > 1
+        else max(len(r[0]) for r in train_rows)
+    )
+
+    def finish(model, out_dir: Path) -> dict[str, str]:
+        from paratrain.lm.save import save_adapter
+
+        return save_adapter(
+            model,
+            out_dir,
+            tokenizer,
+            merged=cfg.lora.save_merged,
+            is_main=ctx.is_main,
+            pipelined=pp > 1,
+        )
+
+    return Workload(
+        model=model,
+        spec=spec,
+        train=train,
+        val=val,
+        sampler=sampler,
+        loss=loss,
+        evaluate=evaluator(ctx),
+        pipeline=PIPELINE,
+        flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
+        finish=finish if cfg.lora.enabled else None,
+        compile_units=spec.blocks(model) + loss_units(model, layout.tp_enabled),
+        info=facts(ctx, model, train_rows),
+        rows={"train": len(train_rows), "val": len(val_rows)},
+    )
+
+
+def build_model(ctx: BuildContext):
+    """-> (the model as it trains: kernels, float8, LoRA, the loss wrapper; its tokenizer)."""
     from paratrain.lm.tokenizer import load_tokenizer
 
-    cfg, policy, layout, device = ctx.cfg, ctx.policy, ctx.layout, ctx.device
-    d, m = cfg.data, cfg.model
-    tp_enabled, pp = layout.tp_enabled, layout.pp
-    tokenizer = load_tokenizer(m.path)
+    cfg, policy, device, m = ctx.cfg, ctx.policy, ctx.device, ctx.cfg.model
     # Frozen base weights live in the autocast dtype (half the memory); trainable ones in fp32.
-    base_dtype = (
-        policy.autocast_dtype
-        if (cfg.lora.enabled and policy.autocast_dtype)
-        else policy.param_dtype
-    )
+    frozen_low = cfg.lora.enabled and policy.autocast_dtype
+    base_dtype = policy.autocast_dtype if frozen_low else policy.param_dtype
     model = build_causal_lm(
         m.path, m.init, m.shape, m.attn_implementation, base_dtype, device, m.layers
     )
@@ -200,46 +237,48 @@ def build(ctx: BuildContext) -> Workload:
     model = apply_kernels(model, m.kernels, device)
     model = apply_fp8(model, m.fp8, device)
     model = apply_lora(model, cfg.lora).to(device)
-    spec = CausalLMSpec()
     compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
-    if m.loss_chunk_tokens or m.kernels != "none" or tp_enabled or compiled_loss:
+    if m.loss_chunk_tokens or m.kernels != "none" or ctx.layout.tp_enabled or compiled_loss:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;
         # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
+    return model, load_tokenizer(m.path)
 
-    examples = _examples(cfg, tokenizer, model.config.vocab_size, ctx.is_main)
+
+def token_rows(ctx: BuildContext, tokenizer, vocab: int) -> tuple[list, list]:
+    """-> (training rows, held-out rows): examples, packed into max_length rows if asked."""
+    d, m = ctx.cfg.data, ctx.cfg.model
+    examples = _examples(ctx.cfg, tokenizer, vocab, ctx.is_main)
     n_val = int(len(examples) * d.val_fraction) if d.source != "synthetic-text" else 0
-    val_ex, train_ex = examples[:n_val], examples[n_val:]
+    val_rows, train_rows = examples[:n_val], examples[n_val:]
     if d.packing and m.fp8 != "none" and d.max_length % 16:
         raise UserError(  # packed rows are max_length wide; float8 matmuls need multiples of 16
             f"data.max_length: {d.max_length} is not a multiple of 16, which model.fp8 needs "
             "with data.packing"
         )
     if d.packing:
-        train_rows = lmdata.pack(train_ex, d.max_length, tokenizer.pad_token_id)
-        val_rows = lmdata.pack(val_ex, d.max_length, tokenizer.pad_token_id)
-    else:
-        train_rows, val_rows = train_ex, val_ex
-    needed = ctx.loader_batch * (ctx.dp_size if layout.sampler != "full" else 1)
+        train_rows = lmdata.pack(train_rows, d.max_length, tokenizer.pad_token_id)
+        val_rows = lmdata.pack(val_rows, d.max_length, tokenizer.pad_token_id)
+    needed = ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1)
     if len(train_rows) < needed:
         raise UserError(
             f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
             f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
         )
+    return train_rows, val_rows
+
+
+def loaders(ctx: BuildContext, tokenizer, train_rows: list, val_rows: list):
+    """-> (training batches on the device, held-out batches or None, the epoch sampler)."""
+    d, m, layout, device = ctx.cfg.data, ctx.cfg.model, ctx.layout, ctx.device
     # Row widths: float8 matmuls need multiples of 16; sequence parallelism splits the sequence
     # over the tp ranks; a pipeline's stages exchange fixed-size activations, so its rows are
     # max_length wide.
     multiple = 16 if m.fp8 != "none" else 1
-    if tp_enabled and cfg.parallel.sequence_parallel:
+    if layout.tp_enabled and ctx.cfg.parallel.sequence_parallel:
         multiple = math.lcm(multiple, layout.tp)
-    collate = lmdata.Collate(
-        tokenizer.pad_token_id,
-        d.packing,
-        multiple,
-        width=d.max_length if pp > 1 else None,
-    )
-    pin = d.pin_memory and device.type == "cuda"
+    width = d.max_length if layout.pp > 1 else None
     train, val, sampler = rank_loaders(
         lmdata.TokenRows(train_rows),
         lmdata.TokenRows(val_rows) if val_rows else None,
@@ -247,12 +286,12 @@ def build(ctx: BuildContext) -> Workload:
         sampler=layout.sampler,
         rank=ctx.dp_rank,
         world=ctx.dp_size,
-        seed=cfg.seed,
+        seed=ctx.cfg.seed,
         loader_batch=ctx.loader_batch,
         even_val=True,  # under FSDP every forward is a collective: the same count everywhere
-        collate_fn=collate,
+        collate_fn=lmdata.Collate(tokenizer.pad_token_id, d.packing, multiple, width=width),
         num_workers=loader_workers(d.num_workers),
-        pin_memory=pin,
+        pin_memory=d.pin_memory and device.type == "cuda",
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
@@ -263,10 +302,18 @@ def build(ctx: BuildContext) -> Workload:
             lambda batch: {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()},
         )
 
-    def loss(model, batch):
-        tokens = batch["num_tokens"]
-        inputs = {k: v for k, v in batch.items() if k != "num_tokens"}
-        return model(**inputs).loss, tokens
+    return on_device(train), on_device(val) if val is not None else None, sampler
+
+
+def loss(model, batch):
+    """-> (the batch's mean next-token loss, the tokens it trained on)."""
+    tokens = batch["num_tokens"]
+    inputs = {k: v for k, v in batch.items() if k != "num_tokens"}
+    return model(**inputs).loss, tokens
+
+
+def evaluator(ctx: BuildContext):
+    device, policy = ctx.device, ctx.policy
 
     @torch.no_grad()
     def evaluate(model, loader) -> dict[str, float]:
@@ -283,61 +330,40 @@ def build(ctx: BuildContext) -> Workload:
         s, c = pg.all_reduce_sum([total.item(), count.item()], device)
         return summarize({"loss_sum": s, "tokens": c})
 
-    def finish(model, out_dir: Path) -> dict[str, str]:
-        from paratrain.lm.save import save_adapter
+    return evaluate
 
-        return save_adapter(
-            model,
-            out_dir,
-            tokenizer,
-            merged=cfg.lora.save_merged,
-            is_main=ctx.is_main,
-            pipelined=pp > 1,
-        )
 
-    seq_len = (
-        d.max_length
-        if d.packing or d.source == "synthetic-text" or pp > 1
-        else max(len(r[0]) for r in train_rows)
-    )
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return Workload(
-        model=model,
-        spec=spec,
-        train=on_device(train),
-        val=on_device(val) if val is not None else None,
-        sampler=sampler,
-        loss=loss,
-        evaluate=evaluate,
-        pipeline=PipelineHooks(
-            split=lambda b: (b["input_ids"], b["labels"], trained_tokens(b["labels"])),
-            loss_sum=next_token_loss_sum,
-            score=score,
-            summarize=summarize,
-            score_keys=("loss_sum", "tokens"),
-            tokens=lambda b: b["num_tokens"],
-        ),
-        flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
-        finish=finish if cfg.lora.enabled else None,
-        compile_units=spec.blocks(model)
-        + (
-            [model.chunk_loss if model.chunk else model.whole_loss]
-            if isinstance(model, ChunkedLossLM) and model.fused == "none" and not tp_enabled
-            else []
-        ),
-        info={
-            "data_real": d.source != "synthetic-text",
-            "random_init": m.init == "random",
-            "kernels": m.kernels,
-            "fp8": m.fp8,
-            "pin_memory": pin,
-            "train_rows": len(train_rows),
-            "trainable_parameters": trainable,
-            "lora_targets": lora_targets(model, cfg.lora) if cfg.lora.enabled else None,
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        rows={"train": len(train_rows), "val": len(val_rows)},
-    )
+PIPELINE = PipelineHooks(
+    split=lambda b: (b["input_ids"], b["labels"], trained_tokens(b["labels"])),
+    loss_sum=next_token_loss_sum,
+    score=score,
+    summarize=summarize,
+    score_keys=("loss_sum", "tokens"),
+    tokens=lambda b: b["num_tokens"],
+)
+
+
+def loss_units(model, tp_enabled: bool) -> list:
+    """The chunked / whole loss as a compile unit of its own (not under TP's sharded loss)."""
+    if isinstance(model, ChunkedLossLM) and model.fused == "none" and not tp_enabled:
+        return [model.chunk_loss if model.chunk else model.whole_loss]
+    return []
+
+
+def facts(ctx: BuildContext, model, train_rows: list) -> dict:
+    """What result.json records of the workload."""
+    d, m, lora = ctx.cfg.data, ctx.cfg.model, ctx.cfg.lora
+    return {
+        "data_real": d.source != "synthetic-text",
+        "random_init": m.init == "random",
+        "kernels": m.kernels,
+        "fp8": m.fp8,
+        "pin_memory": d.pin_memory and ctx.device.type == "cuda",
+        "train_rows": len(train_rows),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "lora_targets": lora_targets(model, lora) if lora.enabled else None,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 TASK = Task(

@@ -29,7 +29,7 @@ from paratrain.errors import UserError
 def classifier_folder(path: str) -> tuple[Path, Path]:
     """-> (the run folder's config.yaml, its newest good checkpoint); a one-line error if the
     folder is not an image_classification run's."""
-    from paratrain.trainer.checkpoint import resolve_resume
+    from paratrain.checkpoint import resolve_resume
 
     folder = Path(path)
     config = folder / "config.yaml"
@@ -45,9 +45,9 @@ def classifier_folder(path: str) -> tuple[Path, Path]:
 
 
 def load_classifier(path: str, data_source: str, device: torch.device) -> nn.Module:
+    from paratrain.checkpoint import read_checkpoint
     from paratrain.config import load_config
     from paratrain.models import build_model
-    from paratrain.trainer.checkpoint import read_checkpoint
 
     config_file, ckpt = classifier_folder(path)
     cfg = load_config(config_file)

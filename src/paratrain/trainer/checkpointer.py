@@ -11,10 +11,7 @@ from pathlib import Path
 
 import torch
 
-from paratrain.distributed import process_group as pg
-from paratrain.errors import UserError
-from paratrain.protocols import unwrap
-from paratrain.trainer.checkpoint import (
+from paratrain.checkpoint import (
     AsyncSaves,
     list_checkpoints,
     load_checkpoint,
@@ -22,6 +19,9 @@ from paratrain.trainer.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from paratrain.distributed import process_group as pg
+from paratrain.errors import UserError
+from paratrain.protocols import unwrap
 from paratrain.trainer.run import Run
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from paratrain.checkpoint import list_checkpoints
 from paratrain.errors import UserError
-from paratrain.trainer.checkpoint import list_checkpoints
 
 
 class NaNGuard:

@@ -97,28 +97,7 @@ def build(
         summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
     if counts_tokens(run.plan.task):
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
-        # every rank of a tp group and every stage counted the same batch
-        copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
-        unique_tokens = all_tokens / copies
-        summary["tokens_per_s"] = unique_tokens / measured_s
-        summary["tokens_per_step"] = unique_tokens / max(measured_steps, 1)
-        peak_flops = metrics.peak_flops(device)
-        achieved = work.flops_per_token * summary["tokens_per_s"] / gpus  # per device
-        # MFU = achieved model FLOP/s per device / the device's dense bf16 peak; a run whose
-        # linear layers compute in float8 is also quoted against the fp8 peak (twice as high)
-        summary["mfu"] = achieved / peak_flops if peak_flops else None
-        fp8 = cfg.model.fp8 != "none"
-        peak_fp8 = metrics.peak_fp8_flops(device) if fp8 else None
-        summary["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
-        summary["mfu_basis"] = {
-            "formula": getattr(work.spec, "flops_formula", None),
-            "model_flops_per_token": work.flops_per_token,
-            "achieved_flops_per_device": achieved,
-            "peak_flops_bf16_dense": peak_flops,
-            "peak_flops_fp8_dense": peak_fp8,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        }
-        summary["flops_per_token"] = work.flops_per_token
+        summary.update(token_rates(run, all_tokens, measured_steps, measured_s, gpus))
     summary["energy"] = energy(
         joules,
         telemetry,
@@ -164,6 +143,35 @@ def build(
         "config": for_task(cfg.to_dict(), run.plan.task),
         "plan": {"model": run.plan.to_dict()["model"], "data": run.plan.to_dict()["data"]},
     }
+
+
+def token_rates(run, all_tokens: float, steps: int, seconds: float, gpus: int) -> dict:
+    """Tokens/s and MFU over the measured window."""
+    dims, work, device = run.dims, run.work, run.env.device
+    # every rank of a tp group and every stage counted the same batch
+    copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
+    unique_tokens = all_tokens / copies
+    out = {
+        "tokens_per_s": unique_tokens / seconds,
+        "tokens_per_step": unique_tokens / max(steps, 1),
+    }
+    peak_flops = metrics.peak_flops(device)
+    achieved = work.flops_per_token * out["tokens_per_s"] / gpus  # per device
+    # MFU = achieved model FLOP/s per device / the device's dense bf16 peak; a run whose
+    # linear layers compute in float8 is also quoted against the fp8 peak (twice as high)
+    out["mfu"] = achieved / peak_flops if peak_flops else None
+    peak_fp8 = metrics.peak_fp8_flops(device) if run.cfg.model.fp8 != "none" else None
+    out["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
+    out["mfu_basis"] = {
+        "formula": getattr(work.spec, "flops_formula", None),
+        "model_flops_per_token": work.flops_per_token,
+        "achieved_flops_per_device": achieved,
+        "peak_flops_bf16_dense": peak_flops,
+        "peak_flops_fp8_dense": peak_fp8,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+    out["flops_per_token"] = work.flops_per_token
+    return out
 
 
 def precision_label(result: dict[str, Any]) -> str:

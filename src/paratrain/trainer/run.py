@@ -13,11 +13,11 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain.checkpoint import LoopState
 from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.parallel.ddp import average_buffers
 from paratrain.protocols import Workload
-from paratrain.trainer.checkpoint import LoopState
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from paratrain.checkpoint import LoopState
 from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
@@ -29,7 +30,6 @@ from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpoint import LoopState
 from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all

@@ -93,12 +93,13 @@ def _lever(cfg: RunConfig, key: str, values: list[Any], why: str) -> Lever | Non
     return Lever(key, ordered, why) if len(ordered) > 1 else None
 
 
-def default_space(cfg: RunConfig, gpus: int) -> Space:
-    """The levers worth trying for this recipe on this machine (`gpus`: 0 on the CPU)."""
-    on_gpu = gpus > 0 and cfg.device != "cpu"
-    image = cfg.task == "image_classification"
-    lm = cfg.task == "causal_lm"
-    candidates: list[tuple[str, list[Any], str]] = []
+Candidate = tuple[str, list[Any], str]
+"""(key, values to try beside the recipe's, why): a lever before the recipe's value joins it."""
+
+
+def _input_candidates(on_gpu: bool, image: bool) -> list[Candidate]:
+    """How the batch reaches the step and in which precision it is computed."""
+    candidates: list[Candidate] = []
     if image and on_gpu:
         candidates.append(("data.resize_on", ["gpu"], "resize on the GPU: small images cross PCIe"))
     if on_gpu:
@@ -110,27 +111,37 @@ def default_space(cfg: RunConfig, gpus: int) -> Space:
         candidates.append(("precision", ["fp32", "bf16"], "autocast precision"))
     if image:
         candidates.append(("train.channels_last", [True], "NHWC tensors for convolutions"))
-    if on_gpu:
+    return candidates
+
+
+def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candidate]:
+    """torch.compile, and on a GPU the kernel choices that go with it."""
+    if not on_gpu:
+        return [("compile", ["default"], "torch.compile")]
+    candidates: list[Candidate] = [
+        (
+            "compile",
+            ["default", "reduce-overhead"],
+            "torch.compile; reduce-overhead adds CUDA graphs",
+        )
+    ]
+    if image and cfg.model.name == "mobilenet_v2":
         candidates.append(
             (
-                "compile",
-                ["default", "reduce-overhead"],
-                "torch.compile; reduce-overhead adds CUDA graphs",
+                "model.depthwise_conv",
+                ["shift-add"],
+                "depthwise convolutions as compiled shift-adds",
             )
         )
-        if image and cfg.model.name == "mobilenet_v2":
-            candidates.append(
-                (
-                    "model.depthwise_conv",
-                    ["shift-add"],
-                    "depthwise convolutions as compiled shift-adds",
-                )
-            )
-        if image:
-            candidates.append(("train.cudnn_benchmark", [True], "cuDNN picks its fastest kernels"))
-    else:
-        candidates.append(("compile", ["default"], "torch.compile"))
-    if lm and on_gpu:
+    if image:
+        candidates.append(("train.cudnn_benchmark", [True], "cuDNN picks its fastest kernels"))
+    return candidates
+
+
+def _lm_candidates(on_gpu: bool) -> list[Candidate]:
+    """A language model's levers: its layers' kernels on a GPU, its loss and its memory."""
+    candidates: list[Candidate] = []
+    if on_gpu:
         candidates.append(
             ("model.fp8", ["rowwise", "tensorwise"], "float8 linear layers (torchao)")
         )
@@ -141,17 +152,22 @@ def default_space(cfg: RunConfig, gpus: int) -> Space:
                 "Liger's fused cross-entropy (liger-loss) or all its kernels (liger)",
             )
         )
-    if lm:
-        candidates.append(
-            (
-                "model.loss_chunk_tokens",
-                [1024],
-                "the loss 1,024 tokens at a time: the whole logits never exist",
-            )
+    candidates.append(
+        (
+            "model.loss_chunk_tokens",
+            [1024],
+            "the loss 1,024 tokens at a time: the whole logits never exist",
         )
-        candidates.append(
-            ("train.activation_checkpointing", [True], "recompute activations: less memory")
-        )
+    )
+    candidates.append(
+        ("train.activation_checkpointing", [True], "recompute activations: less memory")
+    )
+    return candidates
+
+
+def _parallel_candidates(cfg: RunConfig, gpus: int, on_gpu: bool) -> list[Candidate]:
+    """How the devices share the work: DDP's own costs, the strategy, the gradients' dtype."""
+    candidates: list[Candidate] = []
     ddp = cfg.strategy.startswith("ddp")
     if ddp and on_gpu:
         candidates.append(("ddp_lean", ["on"], "DDP without per-step copies and buffer broadcast"))
@@ -160,14 +176,34 @@ def default_space(cfg: RunConfig, gpus: int) -> Space:
         candidates.append(("ddp.gradient_compression", ["bf16"], "all-reduce gradients in bf16"))
     elif ddp and on_gpu:
         candidates.append(("strategy", ["single"], "one GPU: no DDP wrapper at all"))
-    candidates.append(
+    return candidates
+
+
+def _data_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candidate]:
+    """The batch size, then the image loader's processes."""
+    candidates: list[Candidate] = [
         ("data.batch_size", [cfg.data.batch_size * 2], "per-GPU batch (changes what is learned)")
-    )
+    ]
     if image:
         workers = cfg.data.num_workers
         # on a GPU the step outruns loader processes: more of them, never none
         fewer = [] if on_gpu else [0 if workers else 2]
         candidates.append(("data.num_workers", [max(2, workers * 2), *fewer], "loader processes"))
+    return candidates
+
+
+def default_space(cfg: RunConfig, gpus: int) -> Space:
+    """The levers worth trying for this recipe on this machine (`gpus`: 0 on the CPU)."""
+    on_gpu = gpus > 0 and cfg.device != "cpu"
+    image = cfg.task == "image_classification"
+    lm = cfg.task == "causal_lm"
+    candidates = [
+        *_input_candidates(on_gpu, image),
+        *_compile_candidates(cfg, on_gpu, image),
+        *(_lm_candidates(on_gpu) if lm else []),
+        *_parallel_candidates(cfg, gpus, on_gpu),
+        *_data_candidates(cfg, on_gpu, image),
+    ]
     levers = [lv for k, v, why in candidates if (lv := _lever(cfg, k, v, why)) is not None]
     return Space(levers)
 

@@ -29,50 +29,14 @@ from paratrain.data.samplers import build_sampler
 def main() -> None:
     plan, out_dir = common.read_plan("hf_lora")
     cfg = plan.config
-    if (
-        cfg.data.source != "synthetic-text"
-        or cfg.model.path is not None
-        or cfg.precision not in ("bf16", "fp32")
-    ):
-        common.fail(
-            "hf_lora: runs data.source=synthetic-text, model.init=random with a shape, bf16 or fp32"
-        )
-    from peft import LoraConfig, get_peft_model
-
-    from paratrain.models.causal_lm.build import building, decoder_layers, model_class, shape_config
-    from paratrain.models.causal_lm.layout import layout_of
-    from paratrain.models.causal_lm.lora import lora_targets
-
+    check_supported(cfg)
     rank, local_rank, world_size = common.world()
     device = common.pick_device(cfg, local_rank)
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
     torch.manual_seed(cfg.seed)
-    config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
-    config.use_cache = False
-    full = not cfg.lora.enabled
-    # full training keeps fp32 master weights (autocast computes in bf16); LoRA's frozen base
-    # lives in the autocast dtype
-    with building(torch.float32 if full else dtype, device):
-        model = model_class(config)(config)
-    if not full:
-        lora = LoraConfig(
-            r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
-            lora_dropout=cfg.lora.dropout,
-            target_modules=lora_targets(config, cfg.lora),  # the family's default when unset
-            fan_in_fan_out=layout_of(config).conv1d,  # GPT-2's Conv1D weights are [in, out]
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lora)
-    if cfg.train.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if not full:
-            model.enable_input_require_grads()
-    if cfg.train.compile:
-        for layer in decoder_layers(model):
-            layer.compile()
+    model, config = build_model(cfg, dtype, device)
     if dist.is_initialized():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(
@@ -97,6 +61,68 @@ def main() -> None:
         )
     total = cfg.train.max_steps or 30
     meter = common.Meter(device, cfg.train.warmup_steps, total, keep_losses=True)
+    train_steps(model, optimizer, rows, sampler, meter, batch, dtype)
+    summary = meter.summary(batch, world_size)
+    add_tokens(summary, length, batch * length * world_size)
+    if rank == 0:
+        common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_supported(cfg) -> None:
+    """What this baseline implements; anything else exits 2 before any work."""
+    if (
+        cfg.data.source != "synthetic-text"
+        or cfg.model.path is not None
+        or cfg.precision not in ("bf16", "fp32")
+    ):
+        common.fail(
+            "hf_lora: runs data.source=synthetic-text, model.init=random with a shape, bf16 or fp32"
+        )
+
+
+def build_model(cfg, dtype: torch.dtype, device: torch.device):
+    """-> (the model as the documentation builds it, its transformers config): random weights
+    of the config's shape, LoRA adapters by get_peft_model unless lora.enabled=false, then what
+    a user switches on by hand (gradient checkpointing, torch.compile per decoder layer)."""
+    from peft import LoraConfig, get_peft_model
+
+    from paratrain.models.causal_lm.build import building, decoder_layers, model_class, shape_config
+    from paratrain.models.causal_lm.layout import layout_of
+    from paratrain.models.causal_lm.lora import lora_targets
+
+    config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
+    config.use_cache = False
+    full = not cfg.lora.enabled
+    # full training keeps fp32 master weights (autocast computes in bf16); LoRA's frozen base
+    # lives in the autocast dtype
+    with building(torch.float32 if full else dtype, device):
+        model = model_class(config)(config)
+    if not full:
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=lora_targets(config, cfg.lora),  # the family's default when unset
+            fan_in_fan_out=layout_of(config).conv1d,  # GPT-2's Conv1D weights are [in, out]
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    if cfg.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not full:
+            model.enable_input_require_grads()
+    if cfg.train.compile:
+        for layer in decoder_layers(model):
+            layer.compile()
+    return model, config
+
+
+def train_steps(model, optimizer, rows, sampler, meter: common.Meter, batch: int, dtype) -> None:
+    """The documentation's loop: the meter's total steps over the sampler's order, epoch after
+    epoch, the last short batch of each dropped (as paratrain's loader drops it)."""
+    device, total = meter.device, meter.total
     model.train()
     meter.start()
     epoch = 0
@@ -114,18 +140,17 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             meter.step(loss)
         epoch += 1
-    summary = meter.summary(batch, world_size)
-    tokens_per_step = batch * length * world_size
+
+
+def add_tokens(summary: dict, length: int, tokens_per_step: int) -> None:
+    """Tokens beside samples in the summary (every row is `length` tokens: no padding in the
+    synthetic rows), energy per token too when it was measured."""
     summary["tokens_per_s"] = summary["unique_samples_per_s"] * length
     summary["tokens_per_step"] = tokens_per_step
-    if summary["energy"]:  # every row is length tokens (no padding in the synthetic rows)
+    if summary["energy"]:
         e = summary["energy"]
         e["joules_per_token"] = e["joules_per_sample"] / length
         e["tokens_per_kwh"] = e["samples_per_kwh"] * length
-    if rank == 0:
-        common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def synthetic_rows(cfg, vocab: int) -> torch.Tensor:

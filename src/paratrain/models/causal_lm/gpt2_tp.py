@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from paratrain.models.causal_lm.spec import adapter_plan, block_io, ends_plan
+from paratrain.models.causal_lm.tp_styles import adapter_plan, block_io, ends_plan
 
 
 def gpt2_tp_plan(base: nn.Module, *, sequence_parallel: bool, loss_parallel: bool) -> dict:

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from paratrain.checkpoint import integrity
 from paratrain.config.train import CheckpointConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
-from paratrain.trainer import integrity
 
 
 @dataclass

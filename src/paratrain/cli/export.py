@@ -1,0 +1,30 @@
+"""`paratrain export`: one checkpoint as one consolidated model."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add(sub) -> None:
+    export = sub.add_parser(
+        "export",
+        help="one checkpoint as one consolidated model (a Hugging Face folder, or safetensors)",
+        description="Gathers a checkpoint's shards (any layout) in one process on the CPU: a "
+        "causal LM becomes a Hugging Face folder (from_pretrained; a LoRA run's adapter in "
+        "peft's format), any other model one model.safetensors under its own names.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint (step_*), or a run folder: its newest")
+    export.add_argument("out", help="a new folder for the model")
+    export.add_argument("--config", help="the run's config.yaml (default: the run folder's)")
+    export.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from paratrain.export import export
+
+    written = export(args.checkpoint, args.out, args.config)
+    print(
+        f"paratrain: step {written['step']} of {written['source']} -> {args.out} "
+        f"({written['format']}: {', '.join(written['files'])})"
+    )
+    return 0

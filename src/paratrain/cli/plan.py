@@ -1,0 +1,103 @@
+"""`paratrain plan`: predict each strategy's speed and memory at N GPUs from a calibration here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from paratrain.errors import UserError
+
+
+def add(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="predict step time, throughput and memory of each strategy at N GPUs from a "
+        "calibration here",
+        description="Calibrates the recipe on one device here (a short profiled run), measures "
+        "the link where there are several devices (else --bus-gbps), and predicts DDP, FSDP, "
+        "HSDP, local SGD, tensor and pipeline parallel at each scale: step time, samples/s, "
+        "scaling efficiency, exposed communication, memory per GPU and whether it fits. "
+        "--measure runs the scales this machine has and prints each prediction beside its "
+        "measurement. Writes plan.json.",
+    )
+    plan.add_argument("recipe", help="YAML recipe")
+    plan.add_argument("--gpus", default="1,2,4,8,64", help="scales to predict (default 1,2,4,8,64)")
+    plan.add_argument(
+        "--gpus-per-node", type=int, help="GPUs of one node (default: this one's, or 8)"
+    )
+    plan.add_argument(
+        "--bus-gbps",
+        type=float,
+        help="all-reduce bus bandwidth within a node, GB/s (default: measured)",
+    )
+    plan.add_argument(
+        "--inter-node-gbps", type=float, help="all-reduce bus bandwidth across nodes, GB/s"
+    )
+    plan.add_argument(
+        "--strategies", help="only these, comma-separated: ddp, fsdp, hsdp, local_sgd, tp, pp"
+    )
+    plan.add_argument("--every", type=int, default=16, help="local SGD's steps between averagings")
+    plan.add_argument(
+        "--measure", help="also run these scales here (e.g. 1,2,4) and show the error"
+    )
+    plan.add_argument("--steps", type=int, default=20, help="measured steps per run (default 20)")
+    plan.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="CPU: seconds the calibration's copies run together (default 10)",
+    )
+    plan.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
+    )
+    plan.add_argument(
+        "--out", default="plan", help="where plan.json and the runs go (default plan/)"
+    )
+    plan.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from paratrain.plan import command
+    from paratrain.runplan import plan_of
+
+    if not Path(args.recipe).is_file():
+        raise UserError(f"recipe: no such file {args.recipe}")
+    cfg = plan_of(args.recipe, args.set).config
+    gpus = command.parse_scales(args.gpus, "--gpus")
+    measure = command.parse_scales(args.measure, "--measure") if args.measure else None
+    for flag, value in (("--steps", args.steps), ("--every", args.every)):
+        if value < 1:
+            raise UserError(f"{flag}: must be >= 1, got {value}")
+    for flag, value in (
+        ("--bus-gbps", args.bus_gbps),
+        ("--inter-node-gbps", args.inter_node_gbps),
+        ("--window", args.window),
+    ):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag}: must be > 0, got {value}")
+    chosen = [x.strip() for x in args.strategies.split(",")] if args.strategies else None
+    unknown = [x for x in chosen or [] if x not in command.predict.RUNS]
+    if unknown:
+        raise UserError(
+            f"--strategies: unknown {unknown[0]!r}; choose from {', '.join(command.predict.RUNS)}"
+        )
+    if measure and set(measure) - set(gpus):
+        gpus = sorted(set(gpus) | set(measure))
+    found = command.run_plan(
+        cfg,
+        command.PlanArgs(
+            gpus=gpus,
+            per_node=args.gpus_per_node,
+            bus_gbps=args.bus_gbps,
+            inter_node_gbps=args.inter_node_gbps,
+            every=args.every,
+            measure=measure,
+            steps=args.steps,
+            out=Path(args.out),
+            strategies=chosen,
+            window_s=args.window,
+        ),
+    )
+    command.print_plan(found)
+    print(f"paratrain plan: {Path(args.out) / 'plan.json'}")
+    return 0

@@ -1,0 +1,97 @@
+"""`paratrain run`: train a model from a recipe."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add(sub) -> None:
+    run = sub.add_parser(
+        "run",
+        help="train a model from a recipe",
+        description=_run_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "recipe", nargs="?", help="YAML recipe (recipes/*.yaml); omit to start from defaults"
+    )
+    _add_run_options(run)
+    run.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    run.add_argument(
+        "--list-keys",
+        action="store_true",
+        help="list every config key with its default and meaning",
+    )
+    run.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from paratrain.config import describe_keys, to_yaml
+    from paratrain.runplan import plan_of
+
+    if args.list_keys:
+        for key, default, doc in describe_keys():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
+    plan = plan_of(args.recipe, args.overrides + _flag_overrides(args))
+    if args.print_config:
+        print(to_yaml(plan.config), end="")
+        return 0
+    from paratrain.runner import execute
+
+    return execute(plan)
+
+
+def _run_help() -> str:
+    from paratrain.runplan.strategies import STRATEGIES
+
+    return RUN_HELP.format(strategies=", ".join(STRATEGIES))
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set data.batch_size=128 (repeatable)",
+    )
+    p.add_argument("--nproc", type=int, help="processes per node (launch.nproc)")
+    p.add_argument("--nnodes", type=int, help="nodes (launch.nnodes)")
+    p.add_argument("--node-rank", type=int, help="this node's rank (launch.node_rank)")
+    p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
+    p.add_argument("--resume", help="checkpoint folder (step_*) or run directory to continue from")
+    p.add_argument("--output-dir", help="where results go (output_dir)")
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    flags = {
+        "nproc": "launch.nproc",
+        "nnodes": "launch.nnodes",
+        "node_rank": "launch.node_rank",
+        "rdzv_endpoint": "launch.rdzv_endpoint",
+        "resume": "checkpoint.resume",
+        "output_dir": "output_dir",
+    }
+    return [
+        f"{key}={getattr(args, name)}"
+        for name, key in flags.items()
+        if getattr(args, name, None) is not None
+    ]
+
+
+RUN_HELP = """\
+Train a model from a recipe, with any key overridden:
+
+  paratrain run recipes/mnist_mobilenetv2.yaml --nproc 4 \\
+      --set strategy=ddp-ds --set precision=fp16 --set data.pin_memory=true
+
+Strategies (shorthands for degrees on one device mesh): {strategies}.
+Precisions: fp64, fp32, tf32, fp16, bf16.
+`--list-keys` shows every key. Under an outside torchrun or inside a SLURM step, paratrain
+joins the job it finds instead of starting processes.
+"""
