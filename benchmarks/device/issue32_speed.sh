@@ -7,7 +7,8 @@
 #          autocast over fp32 weights, 8 x 2,048 tokens, compiled, fused AdamW, 30 steps
 #   mnv2   recipes/mnist_sample_mobilenetv2_fastest.yaml on one GPU: MobileNetV2, real digits
 #          at 500x500, batch 64, the speed sweep's short run (60 steps, no evaluation)
-# ROWS picks them ("1b mnv2"), ROUNDS the turns (2).
+# ROWS picks them ("1b mnv2"), ROUNDS the turns (1: a turn of both rows is ~7 minutes), SIDES the
+# order within a turn ("before after"; a second call "after before").
 #   device run (kind nvidia-h200, carry .whl .prev .commit):  bash benchmarks/device/issue32_speed.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -16,7 +17,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 { nvidia-smi -L 2>/dev/null; python3 -c "import torch; print('torch', torch.__version__)"; echo "after: commit $PARATRAIN_COMMIT; before: e4f99b9"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-ROWS=${ROWS:-"1b mnv2"}; ROUNDS=${ROUNDS:-2}
+ROWS=${ROWS:-"1b mnv2"}; ROUNDS=${ROUNDS:-1}; SIDES=${SIDES:-"before after"}
 declare -A RECIPE=(
   [1b]="recipes/llama3.2_1b_full_random.yaml"
   [mnv2]="recipes/mnist_sample_mobilenetv2_fastest.yaml --nproc 1 --set train.max_steps=60 --set train.warmup_steps=10 --set train.eval=false"
@@ -33,7 +34,7 @@ PY
 }
 for round in $(seq 1 "$ROUNDS"); do
   for name in $ROWS; do
-    for side in before after; do
+    for side in $SIDES; do
       tag=${name}_${side}_$round; rm -rf /tmp/$tag
       PYTHONPATH=${SRC[$side]}:/tmp/site timeout 280 python3 -m paratrain run ${RECIPE[$name]} \
         --set log.progress=false --set checkpoint.at_end=false --output-dir /tmp/$tag > /tmp/$tag.log 2>&1 \
