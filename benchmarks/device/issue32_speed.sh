@@ -6,7 +6,7 @@
 #   1b     recipes/llama3.2_1b_full_random.yaml: the Llama-3.2-1B shape, full training, bf16
 #          autocast over fp32 weights, 8 x 2,048 tokens, compiled, fused AdamW, 30 steps
 #   mnv2   recipes/mnist_sample_mobilenetv2_fastest.yaml on one GPU: MobileNetV2, real digits
-#          at 500x500, batch 64, the speed sweep's short run (60 steps, no evaluation; MNV2_WARMUP
+#          at 500x500, batch 64, the speed sweep's short run (MNV2_STEPS=60, no evaluation; MNV2_WARMUP
 #          steps left out: 10, the sweep's 15)
 # ROWS picks them ("1b mnv2"), ROUNDS the turns (1: a turn of both rows is ~7 minutes), SIDES the
 # order within a turn ("before after"; a second call "after before").
@@ -21,7 +21,7 @@ cat "$OUT/machine.txt"
 ROWS=${ROWS:-"1b mnv2"}; ROUNDS=${ROUNDS:-1}; SIDES=${SIDES:-"before after"}
 declare -A RECIPE=(
   [1b]="recipes/llama3.2_1b_full_random.yaml"
-  [mnv2]="recipes/mnist_sample_mobilenetv2_fastest.yaml --nproc 1 --set train.max_steps=60 --set train.warmup_steps=${MNV2_WARMUP:-10} --set train.eval=false"
+  [mnv2]="recipes/mnist_sample_mobilenetv2_fastest.yaml --nproc 1 --set train.max_steps=${MNV2_STEPS:-60} --set train.warmup_steps=${MNV2_WARMUP:-10} --set train.eval=false"
 )
 declare -A SRC=([before]=.prev/src [after]=src)
 row() {  # label result.json
