@@ -18,7 +18,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from paratrain.config.launch import LaunchConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.launch import LaunchConfig
 from paratrain.host import cores
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paratrain.config.train import Precision, ScalerConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.train import Precision, ScalerConfig
 from paratrain.errors import UserError
 
 

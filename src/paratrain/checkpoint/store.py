@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from paratrain.checkpoint import integrity
-from paratrain.config.train import CheckpointConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
 
 

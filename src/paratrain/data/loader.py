@@ -7,16 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from paratrain.config.data import (  # noqa: F401 (the config leaf, named here too)
-    IMAGE_ONLY,
-    IMAGE_SOURCES,
-    LABELLED_TEXT,
-    PLAIN_TEXT,
-    TEXT_FORMATS,
-    TEXT_ONLY,
-    TEXT_SOURCES,
-    DataConfig,
-)
+from paratrain.config.data import DataConfig
 from paratrain.data import sources
 from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
 from paratrain.data.transforms import Prepared

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from paratrain.config.parallel import AXES, ParallelConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.parallel import AXES, ParallelConfig
 
 
 def resolve_degrees(cfg: ParallelConfig, world_size: int) -> dict[str, int]:

@@ -11,7 +11,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from paratrain.config.launch import DistConfig  # noqa: F401 (the config leaf, named here too)
 from paratrain.errors import UserError
 
 GENERATION = "PARATRAIN_GENERATION"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from paratrain.config.model import IMAGE_MODELS, IMAGE_ONLY, LM_ONLY, ModelConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.model import IMAGE_MODELS, ModelConfig
 from paratrain.errors import UserError
 from paratrain.models.vision import build_mobilenet_v2, build_resnet50, build_tiny_cnn
 

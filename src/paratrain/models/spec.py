@@ -20,5 +20,3 @@ and models/causal_lm/spec.py (Hugging Face causal LMs of the Llama layout).
 """
 
 from __future__ import annotations
-
-from paratrain.protocols import ModelSpec  # noqa: F401 (declared beside the Task)

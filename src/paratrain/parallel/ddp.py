@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from paratrain.config.parallel import DDPConfig  # noqa: F401 (the config leaf, named here too)
-from paratrain.protocols import unwrap  # noqa: F401 (one definition, for every part)
+from paratrain.config.parallel import DDPConfig
+from paratrain.protocols import unwrap
 
 
 def apply_dp(model: nn.Module, device: torch.device) -> nn.Module:

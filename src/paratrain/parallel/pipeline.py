@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.config.parallel import PipelineConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.parallel import PipelineConfig
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.protocols import PipelineHooks  # noqa: F401 (tasks declare them there)
+from paratrain.protocols import PipelineHooks
 
 
 def stage_ranges(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from paratrain.config.parallel import SplitConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.parallel import SplitConfig
 from paratrain.errors import UserError
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.config.parallel import Mode, SyncConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.parallel import SyncConfig
 
 
 def nbytes(tensors) -> int:

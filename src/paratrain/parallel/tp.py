@@ -13,8 +13,6 @@ from typing import Any
 
 from torch import nn
 
-from paratrain.protocols import whole_tensor  # noqa: F401 (one definition, for every part)
-
 
 def apply_tp(model: nn.Module, plan: dict[str, Any], mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import parallelize_module

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from paratrain.protocols import Task, Workload  # noqa: F401 (what tasks return)
+from paratrain.protocols import Task
 
 TASKS = {
     "image_classification": "paratrain.tasks.image_classification",

@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from paratrain.config.gan import GanConfig  # noqa: F401 (the config leaf, named here too)
-from paratrain.data.loader import IMAGE_SOURCES
+from paratrain.config.data import IMAGE_SOURCES
 from paratrain.distributed import process_group as pg
 from paratrain.models.gan import GAN, GanSpec
 from paratrain.profiling import phase

@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from paratrain.config.data import IMAGE_SOURCES
 from paratrain.data.device import DeviceLoader
-from paratrain.data.loader import IMAGE_SOURCES, build_data
+from paratrain.data.loader import build_data
 from paratrain.data.sources import find_mnist_files
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError

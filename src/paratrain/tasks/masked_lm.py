@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from paratrain.data.loader import PLAIN_TEXT, OnDevice, loader_workers, rank_loaders
+from paratrain.config.data import PLAIN_TEXT
+from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from paratrain.data.loader import LABELLED_TEXT, OnDevice, loader_workers, rank_loaders
+from paratrain.config.data import LABELLED_TEXT
+from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import encoder as enc

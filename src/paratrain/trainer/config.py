@@ -3,7 +3,7 @@ them without importing the loop."""
 
 from __future__ import annotations
 
-from paratrain.config.train import LogConfig, TrainConfig, check_inductor_options  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.train import TrainConfig
 
 LOW_BIT = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "adamw-fp8": "AdamWFp8"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from paratrain.config.model import LoraConfig  # noqa: F401 (the config leaf, named here too)
+from paratrain.config.model import LoraConfig
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.layout import layout_of
 
