@@ -7,8 +7,10 @@ tracebacks.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,25 +35,77 @@ def one_line(e: BaseException) -> str:
 
 
 def exit_code(fn: Callable[[], object]) -> int:
-    """Run fn in a torchrun worker; a UserError becomes exit code 2 and its one line: left in
-    $PARATRAIN_ERROR_DIR for the launching paratrain to print once, else printed here. A
-    worker that fails because another rank stopped on a user mistake (its collective lost a
-    peer) exits 1 without a traceback: the mistake is the news, not the broken connection."""
+    """Run fn in a torchrun worker and say how it ended, in $PARATRAIN_ERROR_DIR for the
+    launching paratrain to report once for the whole job (or here, without one):
+    - a UserError: exit 2 and its one line;
+    - Interrupted (Ctrl-C / SIGTERM, agreed at a step boundary): exit 130, rank 0 leaves where
+      the checkpoint is; a second Ctrl-C (KeyboardInterrupt): exit 130 at once;
+    - any other exception: exit 1, its traceback in a file and the rank, type, message and the
+      user's own frame for the one report (workers_report.py). A worker that fails because
+      another rank stopped on a user mistake exits 1 quietly: the mistake is the news."""
     where = os.environ.get(ERROR_DIR)
+    rank = int(os.environ.get("RANK", "0"))
     try:
         fn()
     except UserError as e:
         if where:
-            rank = int(os.environ.get("RANK", "0"))
             (Path(where) / f"rank_{rank:05d}.txt").write_text(one_line(e))
         else:
             print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
         return 2
-    except Exception:
-        if where and any(Path(where).glob("rank_*.txt")):
-            return 1
-        raise
+    except Interrupted as e:
+        if not where:
+            print(e.line(), file=sys.stderr, flush=True)
+        else:  # every rank: the first to exit may see the others stopped by torchrun
+            (Path(where) / f"{INTERRUPTED}.rank_{rank:05d}").write_text(json.dumps(e.to_dict()))
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if not where:
+            raise
+        if not any(Path(where).glob("rank_*.txt")):
+            record_failure(Path(where), rank, e)
+        return 1
     return 0
+
+
+INTERRUPTED = "interrupted.json"
+
+
+def record_failure(where: Path, rank: int, e: BaseException) -> None:
+    """A worker's exception for the launcher's short report: when, where, what."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    (where / f"failure_rank_{rank:05d}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "time": time.time(),
+                "type": type(e).__name__,
+                "message": str(e).strip().splitlines()[0][:500] if str(e).strip() else "",
+                "frame": user_frame(frames),
+                "traceback": "".join(traceback.format_exception(e)),
+            }
+        )
+    )
+
+
+def user_frame(frames) -> str:
+    """The deepest frame of the user's own code: not paratrain's, not an installed package's,
+    not the standard library's (else the deepest frame of all)."""
+    import sysconfig
+
+    skip = [str(Path(__file__).resolve().parent)]
+    skip += [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
+    mine = [
+        f for f in frames if not any(str(Path(f.filename).resolve()).startswith(s) for s in skip)
+    ]
+    chosen = (mine or list(frames) or [None])[-1]
+    if chosen is None:
+        return "?"
+    return f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
 
 
 def first_worker_error(where: str | Path) -> str | None:
@@ -66,3 +120,23 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """Missing or malformed data on disk."""
+
+
+class Interrupted(Exception):
+    """The run was interrupted (Ctrl-C, SIGTERM) and stopped at a step boundary on every rank:
+    not a mistake; the command prints one line and exits with 130."""
+
+    def __init__(self, step: int, checkpoint: str | None, run_dir: str | None):
+        super().__init__(step, checkpoint, run_dir)
+        self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
+
+    def line(self) -> str:
+        if self.checkpoint is None:
+            return f"paratrain: interrupted at step {self.step}; no checkpoint written"
+        return (
+            f"paratrain: interrupted at step {self.step}; checkpoint {self.checkpoint}; "
+            f"resume with: paratrain run --resume {self.run_dir}"
+        )
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "checkpoint": self.checkpoint, "run_dir": self.run_dir}

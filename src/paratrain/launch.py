@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -71,9 +72,18 @@ def default_nproc(strategy_multiprocess: bool) -> int:
 
 
 def torchrun_argv(
-    cfg: LaunchConfig, nproc: int, config_path: Path, module: str = "paratrain.worker"
+    cfg: LaunchConfig,
+    nproc: int,
+    config_path: Path,
+    module: str = "paratrain.worker",
+    agent_signals: bool = True,
 ) -> list[str]:
+    """torchrun's arguments. agent_signals=False: the agent leaves SIGINT / SIGTERM to this
+    process (job.forwarded_signals asks the workers to stop at a step boundary), where its
+    torchrun takes --signals-to-handle."""
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={cfg.max_restarts}"]
+    if not agent_signals and _torchrun_takes("signals_to_handle"):
+        argv.append("--signals-to-handle=SIGHUP,SIGQUIT")
     if cfg.numa_affinity != "off":
         argv.append(f"--numa-binding={cfg.numa_affinity}")
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
@@ -86,6 +96,31 @@ def torchrun_argv(
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
     return argv + ["-m", module, str(config_path)]
+
+
+def _torchrun_takes(option: str) -> bool:
+    from torch.distributed.run import get_args_parser
+
+    return any(a.dest == option for a in get_args_parser()._actions)
+
+
+@contextlib.contextmanager
+def quiet_agent():
+    """torchrun's agent logs each worker's exit and each signal it sends; paratrain reports
+    how the job ended itself (job.outcome). PARATRAIN_VERBOSE=1 (`paratrain run --verbose`)
+    keeps the agent's lines."""
+    if os.environ.get("PARATRAIN_VERBOSE") == "1":
+        yield
+        return
+    logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
 
 
 def check_numa_affinity(cfg: LaunchConfig, cuda: bool) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from paratrain import launch
+from paratrain import job, launch
 from paratrain.config import to_yaml
-from paratrain.errors import ERROR_DIR, UserError, first_worker_error
+from paratrain.errors import ERROR_DIR, UserError
 from paratrain.runplan import RunPlan
 from paratrain.tasks import get_task
 from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
@@ -139,7 +139,8 @@ def execute(plan: RunPlan) -> int:
 
 
 def launch_workers(plan: RunPlan) -> int:
-    """The plan to torchrun's agent, which starts one worker per process on this node."""
+    """The plan to torchrun's agent, which starts one worker per process on this node; how
+    they ended, said once (job.py)."""
     cfg = plan.config
     # The workers read the plan from a folder of this launch's own: the run folder's
     # config.yaml and plan.json are written by rank 0 once the run's checks have passed (a
@@ -148,7 +149,7 @@ def launch_workers(plan: RunPlan) -> int:
         plan_path = Path(launch_dir) / "plan.json"
         plan.save(plan_path)
         (Path(launch_dir) / "config.yaml").write_text(to_yaml(cfg))
-        argv = launch.torchrun_argv(cfg.launch, plan.nproc, plan_path)
+        argv = launch.torchrun_argv(cfg.launch, plan.nproc, plan_path, agent_signals=False)
         print(f"paratrain: torchrun {' '.join(argv)}", flush=True)
         errors = Path(launch_dir) / "errors"
         errors.mkdir()
@@ -156,17 +157,10 @@ def launch_workers(plan: RunPlan) -> int:
         # the workers' thread count, set here (torchrun would set 1 and print a banner)
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
-            launch.run_torchrun(argv, preload=worker_imports(plan), entrypoint=forked)
-        except Exception as e:  # torchrun's ChildFailedError
-            mistake = first_worker_error(errors)
-            if mistake:  # a worker found a user mistake: one line, once, for the whole job
-                raise UserError(mistake) from None
-            name = type(e).__name__
-            print(
-                f"paratrain: training failed ({name}); the workers' errors are above",
-                file=sys.stderr,
-            )
-            return 1
+            with job.forwarded_signals(errors), launch.quiet_agent():
+                launch.run_torchrun(argv, preload=worker_imports(plan), entrypoint=forked)
+        except Exception:  # torchrun's ChildFailedError
+            return job.outcome(errors, cfg.output_dir)
         finally:
             os.environ.pop(ERROR_DIR, None)
     return 0

@@ -8,16 +8,27 @@ plan.json; a worker only loads it and trains.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-from paratrain.errors import exit_code
+from paratrain.errors import ERROR_DIR, exit_code
+from paratrain.job import record_pid
 from paratrain.runplan import RunPlan
 from paratrain.trainer.loop import train
 
 
 def main(argv: list[str]) -> int:
     (plan_path,) = argv
+    # the launching command forwards Ctrl-C / SIGTERM to this pid (job.forwarded_signals)
+    record_pid(os.environ.get(ERROR_DIR), int(os.environ.get("RANK", "0")))
+    # before the trainer takes them over (interrupts.py): an interrupt now stops at once
+    signal.signal(signal.SIGUSR1, _stop_now)
     return exit_code(lambda: train(RunPlan.load(plan_path)))
+
+
+def _stop_now(signum, frame):
+    raise KeyboardInterrupt
 
 
 def forked(plan_path: str) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 
 from paratrain.cli import bench, comm, demo, doctor, export, flight, plan, report, run, tune
-from paratrain.errors import UserError, one_line
+from paratrain.errors import Interrupted, UserError, one_line
 
 COMMANDS = (run, demo, bench, report, export, flight, doctor, plan, tune, comm)
 
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # Ctrl-C / SIGTERM, stopped at a step boundary
+        print(e.line(), file=sys.stderr, flush=True)
+        return 130
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         return 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add(sub) -> None:
@@ -35,14 +36,45 @@ def command(args: argparse.Namespace) -> int:
         for key, default, doc in describe_keys():
             print(f"{key} = {default}\n    {doc}")
         return 0
+    if args.verbose:
+        os.environ["PARATRAIN_VERBOSE"] = "1"
+    recipe, overrides = args.recipe, args.overrides + _flag_overrides(args)
+    if recipe is None and args.resume:  # the run's own config, the overrides on top
+        recipe, overrides = resumed_run(args.resume, args.output_dir, overrides, args.overrides)
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
-    plan = plan_of(args.recipe, args.overrides + _flag_overrides(args))
+    plan = plan_of(recipe, overrides)
     if args.print_config:
         print(to_yaml(plan.config), end="")
         return 0
     from paratrain.runner import execute
 
     return execute(plan)
+
+
+def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str]):
+    """`paratrain run --resume <run dir | its checkpoints | a step_*>` with no recipe: the run
+    folder's config.yaml, continued in that folder -> (recipe, overrides)."""
+    from pathlib import Path
+
+    from paratrain.errors import UserError
+
+    path = Path(resume)
+    folder = next(
+        (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file()), None
+    )
+    if folder is None:
+        raise UserError(
+            f"--resume: {resume} is no run folder (no config.yaml in it or above it); give the "
+            "run's folder, or the recipe as well"
+        )
+    if output_dir is None:
+        overrides = [*overrides, f"output_dir={folder}"]
+    print(
+        f"paratrain: resuming {folder} with its config.yaml"
+        + (f"; overrides: {', '.join(shown)}" if shown else ""),
+        flush=True,
+    )
+    return folder / "config.yaml", overrides
 
 
 def _run_help() -> str:
@@ -66,6 +98,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
     p.add_argument("--resume", help="checkpoint folder (step_*) or run directory to continue from")
     p.add_argument("--output-dir", help="where results go (output_dir)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep torchrun's own lines (each worker's exit, each signal it sends)",
+    )
 
 
 def _flag_overrides(args: argparse.Namespace) -> list[str]:

@@ -197,6 +197,11 @@ class CheckpointConfig:
     continue from; `auto`: this run's own newest good checkpoint, or a fresh start when it has
     none (a restarted worker does this by itself). It may come from another layout (degrees,
     process count): the weights and optimizer state are resharded on load."""
+    on_interrupt: bool = True
+    """Ctrl-C or SIGTERM (a scheduler's notice before a kill): every rank stops at the next
+    step boundary and, with this true, writes a checkpoint of that step first; the command
+    says how to resume (`paratrain run --resume <run dir>`) and exits with 130. A second
+    Ctrl-C stops at once."""
     async_mode: str = "none"
     """`none`: the step waits until the checkpoint is on disk. `async`: the step waits only for
     the state's copy to host memory; a thread writes it (DCP async_save) while training goes

@@ -53,6 +53,7 @@ class Checkpointer:
         self.stats = {"saves": 0, "blocking_s": 0.0, "end_wait_s": 0.0}
         """Checkpoints written by this run, the time its steps waited for them, and (async)
         the time the end of the run waited for the last write."""
+        self.saved_step: int | None = None
 
     def due(self, step: int) -> bool:
         """Every checkpoint.every_steps, except the last step (the end of the run saves)."""
@@ -84,6 +85,7 @@ class Checkpointer:
             )
         self.stats["saves"] += 1
         self.stats["blocking_s"] += time.perf_counter() - began
+        self.saved_step = state.step
 
     def replica(self) -> dict | None:
         """sync.mode local_sgd / diloco / stale: this rank's weights, optimizer and sync state,
@@ -96,6 +98,17 @@ class Checkpointer:
             "optimizer": run.optimizer.state_dict(),
             "sync": run.sync.state_dict(),
         }
+
+    def on_interrupt(self) -> str | None:
+        """The run stops at this step boundary (Ctrl-C, SIGTERM): its checkpoint, written and
+        in place, unless checkpoint.on_interrupt is off -> its folder (collective)."""
+        if not self.cfg.on_interrupt:
+            return None
+        if self.saved_step != self.run.state.step:
+            self.save()
+        self.saves.close()
+        found = list_checkpoints(self.run.ckpt_dir)
+        return str(found[-1]) if found else None
 
     def finish(self, start_step: int) -> None:
         """The end of the run: its last checkpoint (checkpoint.at_end), and the one in flight

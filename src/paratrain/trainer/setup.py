@@ -5,6 +5,7 @@ function; the plan (runplan.RunPlan) has decided what each one does."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -259,7 +260,9 @@ def announce(run: Run) -> None:
         from paratrain.runplan import show
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(to_yaml(run.cfg))
+        # the folder the run went to: what `paratrain run --resume <run dir>` continues in
+        cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
+        (out_dir / "config.yaml").write_text(to_yaml(cfg))
         run.plan.save(out_dir / "plan.json", run.built)
         print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
         print("\n".join(show.lines(run.plan, run.built)), flush=True)

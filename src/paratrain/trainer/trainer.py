@@ -7,6 +7,7 @@ its state and its cadence:
     Reporter       progress bar, step log every log.every_steps, epoch lines report.py
     NaNGuard       skipped steps (train.max_bad_steps)                       guard.py
     Watchdog       heartbeats; names a rank that falls behind                watchdog.py
+    Interrupts     Ctrl-C / SIGTERM: every rank stops at a step boundary     interrupts.py
 
 and the step, chosen once for the run (trainer/step.py: micro-batches, a pipeline schedule, or
 the task's own step). `fit` is the loop: read it top to bottom.
@@ -21,10 +22,12 @@ import torch
 
 from paratrain import faults, metrics
 from paratrain.distributed import process_group as pg
+from paratrain.errors import Interrupted
 from paratrain.trainer import result as results
 from paratrain.trainer.checkpointer import Checkpointer
 from paratrain.trainer.evaluate import Evaluator
 from paratrain.trainer.guard import NaNGuard
+from paratrain.trainer.interrupts import Interrupts
 from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
 from paratrain.trainer.report import Reporter
 from paratrain.trainer.setup import announce, setup
@@ -35,6 +38,7 @@ from paratrain.trainer.watchdog import Watchdog
 class Trainer:
     def __init__(self, plan, env: pg.DistEnv):
         self.run = run = setup(plan, env)
+        self.interrupts = Interrupts(env.world_size, run.state.step)
         self.checkpoints = Checkpointer(run)
         self.checkpoints.resume_if_asked()
         announce(run)  # config.yaml and plan.json, once every check has passed
@@ -63,6 +67,7 @@ class Trainer:
             return self.finish(epochs, began)
         finally:
             self.watchdog.stop()
+            self.interrupts.close()
 
     def epoch(self) -> dict[str, Any]:
         """One pass over this rank's share of the data (or what is left of it on resume),
@@ -78,6 +83,8 @@ class Trainer:
         self.report.epoch_start()
         while state.step_in_epoch < run.steps_per_epoch and state.step < run.total_steps:
             self.train_step(batches)
+        if state.step < run.total_steps and self.interrupts.stop_at(state.step, boundary=True):
+            self.interrupt()
         clock.pause()
         self.guard.read()
         record = self.epoch_record(first, clock.elapsed() - began)
@@ -112,6 +119,20 @@ class Trainer:
         self.watchdog.beat(state.step, "between steps")
         faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         self.measure.after_step(state.step, time.perf_counter() - began - saving)
+        if self.interrupts.stop_at(state.step):
+            self.interrupt()
+
+    def interrupt(self) -> None:
+        """Ctrl-C / SIGTERM, agreed by every rank at this step boundary: the step's checkpoint
+        (checkpoint.on_interrupt), the logs closed, then Interrupted (exit 130)."""
+        run = self.run
+        self.measure.clock.pause()
+        self.guard.read()  # the checkpoint's list of skipped steps is complete
+        self.watchdog.beat(run.state.step, "checkpoint")
+        run.sync_buffers()
+        checkpoint = self.checkpoints.on_interrupt()
+        self.report.close()
+        raise Interrupted(run.state.step, checkpoint, str(run.out_dir))
 
     def checkpoint_if_due(self) -> float:
         """-> the seconds a checkpoint took (already outside the training clock)."""

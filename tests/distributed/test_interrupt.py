@@ -1,0 +1,116 @@
+"""The run a user interrupts, on 2 CPU processes (gloo), through the real command: Ctrl-C (a
+SIGINT to the whole process group, as a terminal sends it) and SIGTERM (to the launching
+command alone, as Kubernetes sends it) stop every rank at a step boundary after a checkpoint of
+that step, one line, exit 130; `paratrain run --resume <run dir>` with no recipe ends where an
+uninterrupted run ends, bit for bit. A worker's exception is reported in a few lines naming the
+rank that failed first and the user's frame."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import TINY, final_weights, max_abs_diff, run_cli
+
+pytestmark = pytest.mark.dist
+
+STEPS = 200
+SETTINGS = [
+    *TINY,
+    *("--set", "data.limit_samples=512", "--set", "data.batch_size=16"),
+    *("--set", f"train.max_steps={STEPS}", "--set", "checkpoint.keep=0"),
+    *("--set", "log.every_steps=1", "--set", "dist.watchdog_s=0"),
+]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    run_cli(["run", *SETTINGS, "--nproc", 2, "--output-dir", out])
+    return out
+
+
+def logged_step(out) -> int:
+    path = out / "steps.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straight, how):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PARATRAIN_FAULTS"] = "stall:step=12:s=4"  # a window to send the signal in
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "run", *map(str, SETTINGS), "--nproc", "2"]
+        + ["--output-dir", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job has
+    )
+    deadline = time.monotonic() + 120
+    while logged_step(out) < 12 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # the launcher and every worker
+    else:
+        os.kill(proc.pid, signal.SIGTERM)  # the launcher alone
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    (line,) = [x for x in stderr.splitlines() if x.startswith("paratrain: interrupted at step")]
+    step = int(line.split("step ")[1].split(";")[0])
+    assert 12 <= step < STEPS, line
+    assert f"resume with: paratrain run --resume {out}" in line
+    assert (out / "checkpoints" / f"step_{step:08d}").is_dir()
+    assert "Traceback" not in stderr and "torch.distributed.elastic" not in stderr, stderr[-3000:]
+    # the run's own config.yaml, an override on top (shown), bit for bit to the end
+    resumed = run_cli(["run", "--resume", out, "--set", "log.progress=false"])
+    assert f"paratrain: resuming {out} with its config.yaml; overrides: log.progress=false" in (
+        resumed.stdout
+    )
+    assert f"resumed from {out / 'checkpoints' / f'step_{step:08d}'}" in resumed.stdout
+    assert max_abs_diff(final_weights(out), final_weights(straight)) == 0.0
+
+
+def test_a_worker_exception_is_a_short_report(tmp_path):
+    """Rank 1's model raises at its third forward: the command names rank 1, the exception and
+    the user's line, keeps each rank's traceback in the run folder, exits 1, no torchrun
+    noise."""
+    (tmp_path / "usermodel.py").write_text(
+        "import os\n"
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, num_classes, in_channels):\n"
+        "        super().__init__()\n"
+        "        self.fc, self.calls = nn.Linear(in_channels * 28 * 28, num_classes), 0\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        if self.calls == 3 and os.environ['RANK'] == '1':\n"
+        "            raise RuntimeError('the batch was odd')\n"
+        "        return self.fc(x.flatten(1))\n"
+        "def build(num_classes, in_channels):\n"
+        "    return Net(num_classes, in_channels)\n"
+    )
+    out = tmp_path / "run"
+    sets = [*SETTINGS, "--set", "model.name=usermodel:build", "--set", "train.max_steps=6"]
+    p = subprocess.run(
+        [sys.executable, "-m", "paratrain", "run", *map(str, sets), "--nproc", "2"]
+        + ["--output-dir", str(out)],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    report = p.stderr.strip().splitlines()
+    assert report[0] == "paratrain: rank 1 failed first: RuntimeError: the batch was odd", p.stderr
+    assert report[1] == f"  at {tmp_path / 'usermodel.py'}:10 in forward", p.stderr
+    assert f"full tracebacks: {out / 'errors' / 'rank1.txt'}" in report[2], p.stderr
+    assert len(report) == 3, p.stderr
+    assert "Traceback" in (out / "errors" / "rank1.txt").read_text()
