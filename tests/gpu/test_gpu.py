@@ -244,3 +244,62 @@ def test_pipeline_over_nccl_matches_single_gpu(tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     single_acc = read_result(tmp_path / "single")["summary"]["val_accuracy"]
     assert abs(r["summary"]["val_accuracy"] - single_acc) < 0.01
+
+
+BN_MODEL = (
+    "from torch import nn\n"
+    "def build(num_classes, in_channels):\n"
+    "    return nn.Sequential(nn.Conv2d(in_channels, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),\n"
+    "                         nn.Flatten(), nn.Linear(8 * 26 * 26, num_classes))\n"
+)
+
+
+@two_gpus
+def test_sync_batchnorm_two_ranks_equal_one_at_twice_the_batch(tmp_path):
+    """model.sync_batchnorm: the BatchNorm statistics are the whole batch's, so DDP on 2 GPUs at
+    batch 16 each takes the steps one GPU takes at batch 32 (plain BatchNorm would not: each
+    rank normalises its own half)."""
+    (tmp_path / "bn.py").write_text(BN_MODEL)
+    common = [
+        *GPU_RUN,
+        *("--set", "model.name=bn:build", "--set", "train.max_steps=6"),
+        *("--set", "train.deterministic=true", "--set", "train.eval=false"),
+        *("--set", "data.shuffle=false", "--set", "ddp.broadcast_buffers=true"),
+    ]
+    env = {"PYTHONPATH": str(tmp_path)}
+    one, two, plain = tmp_path / "one", tmp_path / "two", tmp_path / "plain"
+    run_cli(
+        [
+            "run",
+            *common,
+            "--set",
+            "strategy=single",
+            "--set",
+            "data.batch_size=32",
+            "--output-dir",
+            one,
+        ],
+        env=env,
+    )
+    for out, sync in ((two, "true"), (plain, "false")):
+        run_cli(
+            [
+                "run",
+                *common,
+                "--set",
+                "strategy=ddp-ds",
+                "--set",
+                "data.batch_size=16",
+                "--set",
+                f"model.sync_batchnorm={sync}",
+                "--nproc",
+                2,
+                "--output-dir",
+                out,
+            ],
+            env=env,
+        )
+    a, b, c = final_weights(one), final_weights(two), final_weights(plain)
+    diff = max((a[k] - b[k]).abs().max().item() for k in a if "num_batches" not in k)
+    apart = max((a[k] - c[k]).abs().max().item() for k in a if "num_batches" not in k)
+    assert diff < 1e-4 and apart > 10 * diff, (diff, apart)

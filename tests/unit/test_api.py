@@ -119,3 +119,57 @@ def test_your_own_objects_on_two_processes_equal_one_process(tmp_path):
     for k, v in one.state_dict().items():
         torch.testing.assert_close(two.state_dict()[k], v, rtol=1e-5, atol=1e-6)
     assert max((start[k] - v).abs().max().item() for k, v in one.state_dict().items()) > 1e-3
+
+
+def _lazy_objects():
+    """The same regression with a lazy first layer (nn.LazyLinear: its input width is known
+    only from a batch)."""
+    from torch import nn
+
+    model, train_set, val_set = _objects()
+
+    class LazyRegressor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.LazyLinear(16), nn.Tanh())
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x)).squeeze(-1)
+
+    import torch
+
+    torch.manual_seed(0)
+    return LazyRegressor(), train_set, val_set
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("strategy", ["ddp-ds", "fsdp"])
+def test_lazy_modules_are_materialised_from_a_batch_under_every_strategy(tmp_path, strategy):
+    """nn.LazyLinear under DDP and FSDP2 on 2 processes (batch 8 each) ends where one process
+    at batch 16 ends: the weights were materialised from a real batch, the same on every rank,
+    before wrapping."""
+    import torch
+    import torch.nn.functional as F
+
+    one, train_set, _ = _lazy_objects()
+    common = CUSTOM
+    paratrain.train(
+        None,
+        {**common, "data.batch_size": 16, "output_dir": str(tmp_path / "one")},
+        model=one,
+        train_data=train_set,
+        loss=F.mse_loss,
+    )
+    two, train_set, _ = _lazy_objects()
+    paratrain.train(
+        None,
+        {**common, "strategy": strategy, "launch.nproc": 2, "data.batch_size": 8}
+        | {"output_dir": str(tmp_path / "two")},
+        model=two,
+        train_data=train_set,
+        loss=F.mse_loss,
+    )
+    assert one.body[0].weight.shape == (16, 6)
+    for k, v in one.state_dict().items():
+        torch.testing.assert_close(two.state_dict()[k], v, rtol=1e-5, atol=1e-6)

@@ -10,18 +10,19 @@ from typing import Any, Literal
 IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
 
 # Keys that mean something to one task only: a run's result.json leaves the other task's out.
-IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side")
+IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_batchnorm")
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
 LM_ONLY += ("kernels", "fp8")
 
-_USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|timm:[\w.\-]+")
 
 
 @dataclass(kw_only=True)
 class ModelConfig:
     name: str = "mobilenet_v2"
-    """Image model: mobilenet_v2, resnet50, tiny_cnn, or your own builder as module.path:function."""
+    """Image model: mobilenet_v2, resnet50, tiny_cnn; timm:NAME (any timm model, random
+    weights: pip install timm); or your own builder as module.path:function."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Image model: keyword arguments for the builder beside num_classes and in_channels
     (`--set model.kwargs.width=64` calls build(num_classes=.., in_channels=.., width=64))."""
@@ -43,6 +44,10 @@ class ModelConfig:
     loss_chunk_tokens: int = 0
     """Language model: lm_head + cross-entropy over this many trained tokens at a time, never the
     whole [tokens, vocab] logits (models/causal_lm/loss.py); 0 uses transformers' own loss."""
+    sync_batchnorm: bool = False
+    """Image model under DDP (ddp-*): its BatchNorm layers become torch.nn.SyncBatchNorm, whose
+    statistics are those of the whole batch over every rank (so N ranks at batch b normalise as
+    one process at N x b does). GPUs only: torch's SyncBatchNorm has no CPU kernels."""
     depthwise_conv: Literal["native", "shift-add"] = "native"
     """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
     least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses
@@ -77,7 +82,8 @@ class ModelConfig:
             raise ValueError(f"layers: needs init=random and a count >= 1, got {self.layers}")
         if self.name not in IMAGE_MODELS and not _USER.fullmatch(self.name):
             raise ValueError(
-                f"name: got {self.name!r}; accepted: {', '.join(IMAGE_MODELS)}, or module.path:builder"
+                f"name: got {self.name!r}; accepted: {', '.join(IMAGE_MODELS)}, timm:NAME, or "
+                "module.path:builder"
             )
 
 

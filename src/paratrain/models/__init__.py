@@ -6,7 +6,9 @@ on the strategy: parallelism is applied from outside (paratrain.parallel).
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -28,7 +30,9 @@ assert tuple(MODELS) == IMAGE_MODELS  # the names model.name accepts (config/mod
 def resolve_builder(name: str) -> Callable[..., nn.Module]:
     if name in MODELS:
         return MODELS[name]
-    module_name, fn_name = name.split(":")
+    module_name, fn_name = name.split(":", 1)
+    if module_name == "timm":  # timm's models by name, its own argument names
+        return timm_builder(fn_name)
     # the user's module beside them, as `python -m paratrain` finds it (the paratrain command's
     # path starts at its own script): the working directory is searched last
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -50,13 +54,9 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
 def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Module:
     builder = resolve_builder(cfg.name)
     try:
-        model = builder(num_classes=num_classes, in_channels=in_channels, **cfg.kwargs)
-    except TypeError as e:
-        if cfg.kwargs and "argument" in str(e):  # a keyword the builder does not take
-            raise UserError(f"model.kwargs: {cfg.name} does not take them: {e}") from None
-        if cfg.name in MODELS:
-            raise
-        raise UserError(f"model.name: {cfg.name} raised TypeError: {e}") from None
+        model = call_builder(builder, cfg.name, num_classes, in_channels, cfg.kwargs)
+    except UserError:
+        raise
     except Exception as e:
         if cfg.name in MODELS:  # paratrain's own builders: a bug, with its traceback
             raise
@@ -65,6 +65,52 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
     apply_depthwise_conv(model, cfg)
     return model
+
+
+def call_builder(builder, name: str, num_classes: int, in_channels: int, kwargs: dict):
+    """builder(num_classes=, in_channels=, **model.kwargs), passing only the arguments its
+    signature takes (a builder of its own may need neither); a refused keyword is one line
+    naming it."""
+    offered = {"num_classes": num_classes, "in_channels": in_channels}
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # a builtin or C function: no signature to read
+        params = {}
+    if params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        offered = {k: v for k, v in offered.items() if k in params}
+    try:
+        return builder(**offered, **kwargs)
+    except TypeError as e:
+        refused = [k for k in (*offered, *kwargs) if f"'{k}'" in str(e)]
+        if not refused or name in MODELS:
+            raise
+        if refused[0] in kwargs:
+            raise UserError(f"model.kwargs: {name} does not take them: {e}") from None
+        raise UserError(
+            f"model.name: {name} does not take {refused[0]}, which paratrain passes "
+            f"({refused[0]}={offered[refused[0]]}): {e}"
+        ) from None
+
+
+def timm_builder(name: str) -> Callable[..., nn.Module]:
+    """model.name=timm:NAME: timm.create_model(NAME) with random weights (nothing is
+    downloaded) and paratrain's num_classes and in_channels under timm's names (in_chans);
+    timm:create_model takes the name from model.kwargs.model_name."""
+    try:
+        import timm
+    except ImportError:
+        raise UserError("model.name: timm is not installed (pip install timm)") from None
+
+    def build(num_classes: int, in_channels: int, model_name: str = name, **kwargs):
+        return timm.create_model(
+            model_name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **kwargs
+        )
+
+    if name != "create_model" and not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=1)
+        hint = f"; did you mean timm:{close[0]}?" if close else ""
+        raise UserError(f"model.name: timm has no model {name!r}{hint}")
+    return build
 
 
 def apply_depthwise_conv(model: nn.Module, cfg: ModelConfig) -> None:

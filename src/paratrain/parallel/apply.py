@@ -43,11 +43,14 @@ def parallelize(
     compile_units: list[nn.Module] | None,
     stage_modules: list[nn.Module] | None = None,
     link=None,
+    sync_batchnorm: bool = False,
 ) -> tuple[nn.Module, nn.Module]:
     """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
     whose forward is a collective). stage_modules: an interleaved pipeline's stages on this
     rank, which share `model`'s layers; FSDP wraps each of them (their forwards are what run)
     rather than `model`."""
+    if sync_batchnorm and wrapper == "ddp":  # 0: statistics over every rank's batch
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # in place below the root
     if dims.tp_enabled:  # 1
         plan = spec.tp_plan(
             model,

@@ -139,3 +139,18 @@ def check_supported(task: Task, layout: Layout, strategy: str, precision: str) -
             f"precision: task {task.name} does not train in {precision}; it takes "
             f"{', '.join(sorted(task.precisions))}"
         )
+
+
+def check_sync_batchnorm(cfg, wrapper: str | None, device: str) -> None:
+    if not cfg.model.sync_batchnorm:
+        return
+    if wrapper != "ddp":
+        raise ValueError(
+            "model.sync_batchnorm: converts BatchNorm for DDP's replicas; this run's "
+            f"data-parallel wrapper is {wrapper or 'none'} (use ddp-ds, ddp-rr or ddp-full)"
+        )
+    if device != "cuda":
+        raise ValueError(
+            "model.sync_batchnorm: torch's SyncBatchNorm runs on GPUs (it has no CPU kernels); "
+            "on the CPU each rank keeps its own batch statistics: set it false"
+        )

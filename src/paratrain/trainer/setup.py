@@ -57,6 +57,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
     policy = build_policy(cfg.precision, device)
     work = workload(plan, env, dims, policy, loader_batch)
     work.out_dir = out_dir
+    materialise_lazy(work)
     built = {**parameter_counts(work.model), "rows": work.rows}
     link = slow_link(cfg, env)
     model, eval_model, parts, pipe, split = lay_out(plan, env, dims, work, policy, link)
@@ -152,6 +153,20 @@ def workload(plan, env: pg.DistEnv, dims: ParallelDims, policy, loader_batch: in
     )
 
 
+def materialise_lazy(work: Workload) -> None:
+    """A model with lazy modules (nn.LazyLinear, ...) gets its shapes from one forward of a
+    real batch, what it will see, before anything wraps or cuts it: every rank draws the same
+    initial weights (same seed, same shapes), as one process does."""
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(p) for p in work.model.parameters()):
+        return
+    if work.parts:
+        raise UserError("model: lazy modules in a task of several models are not supported")
+    with torch.no_grad():
+        work.loss(work.model, next(iter(work.train)))
+
+
 def slow_link(cfg, env: pg.DistEnv) -> SlowLink | None:
     """sync.simulated_gbps: the gradient / parameter collectives as if over a slow link."""
     if not cfg.sync.simulated_gbps or env.world_size == 1:
@@ -201,6 +216,7 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
             compile_units=compile_units,
             stage_modules=stages,
             link=link,
+            sync_batchnorm=cfg.model.sync_batchnorm,
         )
 
     if work.parts:  # several models (a GAN): each wrapped on its own; the container is saved
