@@ -75,6 +75,7 @@ def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straig
     )
     assert f"resumed from {out / 'checkpoints' / f'step_{step:08d}'}" in resumed.stdout
     assert max_abs_diff(final_weights(out), final_weights(straight)) == 0.0
+    assert not (straight / "flight_recorder").exists()  # no empty folder left (gloo: no dump)
 
 
 def test_a_worker_exception_is_a_short_report(tmp_path):

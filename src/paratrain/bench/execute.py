@@ -14,6 +14,7 @@ from paratrain.bench.store import Row, Store
 from paratrain.bench.sweep import RunSpec, Sweep
 from paratrain.config import to_yaml
 from paratrain.metrics import git_commit
+from paratrain.trainer.report import log_every
 
 PEER_MODULES = {
     "plain": "paratrain.bench.peers.plain",
@@ -141,7 +142,10 @@ def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
     losses = (result.get("summary") or {}).get("losses") or []
     # the same points as paratrain's log: the mean of the steps since the last point, every
     # log.every_steps (a per-step curve beside interval means would differ where both agree)
-    every = max(int(((result.get("config") or {}).get("log") or {}).get("every_steps") or 1), 1)
+    config = result.get("config") or {}
+    every = (config.get("log") or {}).get("every_steps") or log_every(
+        int((config.get("train") or {}).get("max_steps") or 0)
+    )
     points = []
     for end in range(every, len(losses) + every, every):
         chunk = losses[end - every : end]

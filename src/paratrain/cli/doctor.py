@@ -18,7 +18,9 @@ def add(sub) -> None:
     )
     doctor.add_argument("--recipe", help="also time this recipe's loader against its steps")
     doctor.add_argument("--data-path", help="a data folder or file whose read rate to measure")
-    doctor.add_argument("--out", default="doctor", help="where doctor.json goes (default doctor/)")
+    doctor.add_argument(
+        "--out", default="runs/doctor", help="where doctor.json goes (default runs/doctor/)"
+    )
     doctor.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     doctor.set_defaults(func=command)
 

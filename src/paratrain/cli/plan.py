@@ -50,9 +50,7 @@ def add(sub) -> None:
     plan.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
     )
-    plan.add_argument(
-        "--out", default="plan", help="where plan.json and the runs go (default plan/)"
-    )
+    plan.add_argument("--out", help="where plan.json and the runs go (default runs/plan-<recipe>)")
     plan.set_defaults(func=command)
 
 
@@ -83,6 +81,7 @@ def command(args: argparse.Namespace) -> int:
         )
     if measure and set(measure) - set(gpus):
         gpus = sorted(set(gpus) | set(measure))
+    out = Path(args.out or f"runs/plan-{Path(args.recipe).stem}")
     found = command.run_plan(
         cfg,
         command.PlanArgs(
@@ -93,11 +92,11 @@ def command(args: argparse.Namespace) -> int:
             every=args.every,
             measure=measure,
             steps=args.steps,
-            out=Path(args.out),
+            out=out,
             strategies=chosen,
             window_s=args.window,
         ),
     )
     command.print_plan(found)
-    print(f"paratrain plan: {Path(args.out) / 'plan.json'}")
+    print(f"paratrain plan: {out / 'plan.json'}")
     return 0

@@ -51,7 +51,9 @@ def add(sub) -> None:
         help="seconds one trial may take before it is stopped and stored as timeout (900)",
     )
     tune.add_argument("--db", default="paratrain-results.db", help="SQLite results file")
-    tune.add_argument("--out", default="tune", help="where tuned.yaml, tune.json and the trials go")
+    tune.add_argument(
+        "--out", help="where tuned.yaml, tune.json and the trials go (default runs/tune-<recipe>)"
+    )
     tune.add_argument("--dry-run", action="store_true", help="list the levers and exit")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(func=command)
@@ -88,12 +90,15 @@ def command(args: argparse.Namespace) -> int:
         reference_precision=args.reference_precision,
         trial_timeout_s=args.trial_timeout,
         db=Path(args.db),
-        out=Path(args.out),
+        out=Path(args.out or f"runs/tune-{Path(args.recipe).stem}"),
         sets=list(args.set),
         progress=not args.no_progress,
     )
     s = search.Search(args.recipe, cfg, levers, tune_args)
-    print(f"paratrain tune: {s.planned()} trials at most, budget {budget:,.0f} s; levers:")
+    print(
+        f"paratrain tune: {s.planned()} trials in the first pass (a later pass tries what a "
+        f"changed set-up makes new), budget {budget:,.0f} s; levers:"
+    )
     for lever in levers.levers:
         print(f"  {lever.key}: {', '.join(map(str, lever.values))}  ({lever.why})")
     if args.dry_run:

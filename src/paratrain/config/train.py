@@ -137,9 +137,10 @@ def check_inductor_options(options: dict[str, Any]) -> None:
 class LogConfig:
     progress: bool = True
     """Rank 0 shows a progress bar with throughput and ETA."""
-    every_steps: int = 10
+    every_steps: int | None = None
     """Refresh the loss shown on the bar, and write a point of the step log, every N steps
-    (each point syncs rank 0's device once)."""
+    (each point syncs rank 0's device once); null: often enough for about 20 points a run,
+    at most every 10 steps (so a short run still has a loss curve)."""
     steps: bool = True
     """The step log: <output_dir>/steps.jsonl (loss, lr, gradient norm, throughput, memory,
     loss scale every every_steps)."""
@@ -154,7 +155,7 @@ class LogConfig:
     """The Weights & Biases project the runs go to."""
 
     def __post_init__(self) -> None:
-        if self.every_steps < 1:
+        if self.every_steps is not None and self.every_steps < 1:
             raise ValueError(f"every_steps: must be >= 1, got {self.every_steps}")
 
 

@@ -9,7 +9,12 @@ from torch.utils.data import DataLoader
 
 from paratrain.config.data import DataConfig
 from paratrain.data import sources
-from paratrain.data.samplers import EpochSampler, RoundRobinSampler, build_sampler
+from paratrain.data.samplers import (
+    EpochSampler,
+    RoundRobinSampler,
+    build_sampler,
+    held_out_batch,
+)
 from paratrain.data.transforms import Prepared
 from paratrain.errors import UserError
 
@@ -86,9 +91,18 @@ def rank_loaders(
     )
     val = None
     if val_set is not None:
-        held_out = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=even_val)
-        val = DataLoader(val_set, batch_size=loader_batch, sampler=held_out, **loader_kw)
+        held_out, size = held_out_order(len(val_set), world, rank, loader_batch, even_val)
+        val = DataLoader(val_set, batch_size=size, sampler=held_out, **loader_kw)
     return train, val, order
+
+
+def held_out_order(n: int, world: int, rank: int, batch: int, even: bool):
+    """-> (this rank's held-out sampler, its batch size): every sample scored once; `even`
+    (forwards that are collectives): the same number of batches on every rank too."""
+    size = held_out_batch(n, world, batch) if even else batch
+    cut = even and size == 0  # fewer samples than ranks: equal shares, the rest left out
+    order = RoundRobinSampler(n, world, rank, shuffle=False, even=cut)
+    return order, size or batch
 
 
 class OnDevice:
@@ -150,10 +164,10 @@ def build_data(
     val = None
     if src.val is not None:
         val_set = Prepared(src.val, cfg.image_size, src.mean, src.std, on_cpu)
-        val_sampler = RoundRobinSampler(len(val_set), world, rank, shuffle=False, even=even_val)
+        val_sampler, size = held_out_order(len(val_set), world, rank, loader_batch, even_val)
         val = DataLoader(
             val_set,
-            batch_size=loader_batch,
+            batch_size=size,
             sampler=val_sampler,
             generator=torch.Generator().manual_seed(seed + rank),
             **common,

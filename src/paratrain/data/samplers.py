@@ -76,6 +76,18 @@ class RoundRobinSampler(Sampler[int]):
         return len(range(self.rank, self.n, self.world))
 
 
+def held_out_batch(n: int, world: int, batch: int) -> int:
+    """The held-out batch size that gives every rank the same number of batches while every
+    sample is scored (a forward that is a collective, FSDP's or tensor parallelism's, must run
+    as often on every rank). Round-robin shares differ by at most one sample; they take the
+    same number of batches of b unless b divides the smaller share: the largest such b <= batch.
+    0 when no b does (fewer samples than ranks): the caller cuts to equal shares."""
+    small, large = n // world, -(-n // world)
+    if small == large:
+        return batch
+    return next((b for b in range(batch, 1, -1) if small % b), 0)
+
+
 class EpochSampler(Sampler[int]):
     """Wraps a sampler: forwards set_epoch and skips the epoch's first `skip` indices (resume)."""
 

@@ -15,7 +15,8 @@ from paratrain.trainer.steplog import StepLog, memory_in_use
 class Reporter:
     def __init__(self, run, measure):
         cfg, env, state = run.cfg, run.env, run.state
-        self.run, self.measure, self.every = run, measure, cfg.log.every_steps
+        self.run, self.measure = run, measure
+        self.every = cfg.log.every_steps or log_every(run.total_steps)
         label = f"{run.plan.label} x{env.world_size} {cfg.precision}"
         label += " [redundant data]" if run.redundant else ""
         self.progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
@@ -88,3 +89,8 @@ class Reporter:
             if self.steplog.writer is not None:
                 artifacts["tensorboard"] = str(self.run.out_dir / "tensorboard")
         return artifacts
+
+
+def log_every(total_steps: int) -> int:
+    """log.every_steps left at null: about 20 points a run, every 10 steps at most."""
+    return max(1, min(10, total_steps // 20))

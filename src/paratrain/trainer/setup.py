@@ -282,5 +282,15 @@ def announce(run: Run) -> None:
         run.plan.save(out_dir / "plan.json", run.built)
         print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
         print("\n".join(show.lines(run.plan, run.built)), flush=True)
-    if env.is_main and run.cfg.dist.flight_recorder and env.world_size > 1:
-        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)  # NCCL dumps here
+    nccl = env.device.type == "cuda" and env.world_size > 1
+    if env.is_main and run.cfg.dist.flight_recorder and nccl:
+        # NCCL dumps here by itself when a collective times out (gloo's dumps, the watchdog's,
+        # make the folder when they write); removed at the end if nothing was dumped
+        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
+
+
+def tidy(run: Run) -> None:
+    """The end of a run (or its interruption): no empty flight_recorder folder left behind."""
+    folder = run.out_dir / "flight_recorder"
+    if run.env.is_main and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()

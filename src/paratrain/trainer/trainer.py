@@ -30,7 +30,7 @@ from paratrain.trainer.guard import NaNGuard
 from paratrain.trainer.interrupts import Interrupts
 from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
 from paratrain.trainer.report import Reporter
-from paratrain.trainer.setup import announce, setup
+from paratrain.trainer.setup import announce, setup, tidy
 from paratrain.trainer.step import choose_step
 from paratrain.trainer.watchdog import Watchdog
 
@@ -132,6 +132,7 @@ class Trainer:
         run.sync_buffers()
         checkpoint = self.checkpoints.on_interrupt()
         self.report.close()
+        tidy(run)
         raise Interrupted(run.state.step, checkpoint, str(run.out_dir))
 
     def checkpoint_if_due(self) -> float:
@@ -193,4 +194,5 @@ class Trainer:
             metrics.write_json(run.out_dir / "result.json", result)
             results.print_summary(result)
         pg.barrier()
+        tidy(run)
         return result
