@@ -130,6 +130,9 @@ class Interrupted(Exception):
         super().__init__(step, checkpoint, run_dir)
         self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
 
+    def __str__(self) -> str:
+        return self.line()
+
     def line(self) -> str:
         if self.checkpoint is None:
             return f"paratrain: interrupted at step {self.step}; no checkpoint written"
