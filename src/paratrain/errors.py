@@ -38,8 +38,9 @@ def exit_code(fn: Callable[[], object]) -> int:
     """Run fn in a torchrun worker and say how it ended, in $PARATRAIN_ERROR_DIR for the
     launching paratrain to report once for the whole job (or here, without one):
     - a UserError: exit 2 and its one line;
-    - Interrupted (Ctrl-C / SIGTERM, agreed at a step boundary): exit 130, rank 0 leaves where
-      the checkpoint is; a second Ctrl-C (KeyboardInterrupt): exit 130 at once;
+    - Interrupted (Ctrl-C / SIGTERM, agreed at a step boundary): where the checkpoint is, exit
+      0 under paratrain's launch (the command says it and exits 130), else 130; a second
+      Ctrl-C (KeyboardInterrupt): exit 130 at once;
     - any other exception: exit 1, its traceback in a file and the rank, type, message and the
       user's own frame for the one report (workers_report.py). A worker that fails because
       another rank stopped on a user mistake exits 1 quietly: the mistake is the news."""
@@ -56,9 +57,11 @@ def exit_code(fn: Callable[[], object]) -> int:
     except Interrupted as e:
         if not where:
             print(e.line(), file=sys.stderr, flush=True)
-        else:  # every rank: the first to exit may see the others stopped by torchrun
-            (Path(where) / f"{INTERRUPTED}.rank_{rank:05d}").write_text(json.dumps(e.to_dict()))
-        return 130
+            return 130
+        # under paratrain's launch: exit 0, or torchrun's agent would count a failure (and
+        # restart the workers under launch.max_restarts); the command reads the record
+        (Path(where) / f"{INTERRUPTED}.rank_{rank:05d}").write_text(json.dumps(e.to_dict()))
+        return 0
     except KeyboardInterrupt:
         return 130
     except Exception as e:

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,8 +37,12 @@ def worker_pids(where: Path) -> list[int]:
 
 @contextlib.contextmanager
 def forwarded_signals(where: Path):
-    """SIGINT / SIGTERM to this process: the workers stop at a step boundary; a second one
-    (after DEBOUNCE_S) kills them."""
+    """SIGINT / SIGTERM to this process: the workers stop at a step boundary (a worker not
+    started yet reads the marker); a second one (after DEBOUNCE_S) kills them and stops the
+    agent (KeyboardInterrupt here), which would otherwise restart them."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach it alone
+        yield
+        return
     first: list[float] = []
 
     def handle(signum, frame):
@@ -48,6 +53,7 @@ def forwarded_signals(where: Path):
             _send(where, signal.SIGUSR1)
         elif now - first[0] > DEBOUNCE_S:
             _send(where, signal.SIGKILL)
+            raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -63,6 +69,14 @@ def _send(where: Path, sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
+def check_interrupted(where: Path) -> None:
+    """Workers that stopped at a step boundary exit 0 (torchrun would restart failed ones):
+    their record says so."""
+    stopped = sorted(where.glob(f"{INTERRUPTED}.rank_*"))
+    if stopped:
+        raise Interrupted(**json.loads(stopped[0].read_text()))
+
+
 def outcome(where: Path, run_dir: str | None) -> int:
     """How the workers ended, once: a user mistake (UserError), an interrupt (Interrupted), or
     the rank that failed first, its exception and the user's frame in a few lines, the full
@@ -70,9 +84,7 @@ def outcome(where: Path, run_dir: str | None) -> int:
     mistake = first_worker_error(where)
     if mistake:
         raise UserError(mistake)
-    stopped = sorted(where.glob(f"{INTERRUPTED}.rank_*"))
-    if stopped:
-        raise Interrupted(**json.loads(stopped[0].read_text()))
+    check_interrupted(where)
     failures = sorted(
         (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
         key=lambda f: f["time"],

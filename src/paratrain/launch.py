@@ -83,7 +83,7 @@ def torchrun_argv(
     torchrun takes --signals-to-handle."""
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={cfg.max_restarts}"]
     if not agent_signals and _torchrun_takes("signals_to_handle"):
-        argv.append("--signals-to-handle=SIGHUP,SIGQUIT")
+        argv.append(f"--signals-to-handle={AGENT_SIGNALS}")
     if cfg.numa_affinity != "off":
         argv.append(f"--numa-binding={cfg.numa_affinity}")
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
@@ -96,6 +96,11 @@ def torchrun_argv(
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
     return argv + ["-m", module, str(config_path)]
+
+
+AGENT_SIGNALS = "SIGHUP,SIGQUIT"
+"""What torchrun's agent may handle when paratrain forwards SIGINT / SIGTERM itself (job.py);
+older agents read it from TORCHELASTIC_SIGNALS_TO_HANDLE alone."""
 
 
 def _torchrun_takes(option: str) -> bool:
@@ -112,7 +117,11 @@ def quiet_agent():
     if os.environ.get("PARATRAIN_VERBOSE") == "1":
         yield
         return
-    logs = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    names = ("torch.distributed.elastic", "torch.multiprocessing")
+    # the agent's own modules set their loggers' levels themselves: each of them, not only
+    # the parents
+    known = [n for n in logging.root.manager.loggerDict if n.startswith(names)]
+    logs = [logging.getLogger(n) for n in {*names, *known}]
     levels = [log.level for log in logs]
     for log in logs:
         log.setLevel(logging.CRITICAL)

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from paratrain import job, launch
 from paratrain.config import to_yaml
@@ -154,13 +155,22 @@ def launch_workers(plan: RunPlan) -> int:
         errors = Path(launch_dir) / "errors"
         errors.mkdir()
         os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
+        signals_before = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = launch.AGENT_SIGNALS
         # the workers' thread count, set here (torchrun would set 1 and print a banner)
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
             with job.forwarded_signals(errors), launch.quiet_agent():
                 launch.run_torchrun(argv, preload=worker_imports(plan), entrypoint=forked)
-        except Exception:  # torchrun's ChildFailedError
+        except ChildFailedError:
             return job.outcome(errors, cfg.output_dir)
+        except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)
+            print(f"paratrain: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
         finally:
             os.environ.pop(ERROR_DIR, None)
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+            if signals_before is not None:
+                os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_before
+        job.check_interrupted(errors)
     return 0

@@ -39,13 +39,15 @@ def logged_step(out) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "ctrl-c, max_restarts=1"])
 def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straight, how):
+    """Also under launch.max_restarts=1: an interrupt is no failure to restart from."""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["PARATRAIN_FAULTS"] = "stall:step=12:s=4"  # a window to send the signal in
+    restarts = ["--set", "launch.max_restarts=1"] if "max_restarts" in how else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "run", *map(str, SETTINGS), "--nproc", "2"]
+        [sys.executable, "-m", "paratrain", "run", *map(str, SETTINGS), *restarts, "--nproc", "2"]
         + ["--output-dir", str(out)],
         env=env,
         stdout=subprocess.PIPE,
@@ -56,7 +58,7 @@ def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straig
     deadline = time.monotonic() + 120
     while logged_step(out) < 12 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    if how == "ctrl-c":
+    if how.startswith("ctrl-c"):
         os.killpg(proc.pid, signal.SIGINT)  # the launcher and every worker
     else:
         os.kill(proc.pid, signal.SIGTERM)  # the launcher alone

@@ -109,6 +109,15 @@ CONFLICTS = [
         "strategy: task gan does not train with tp; it trains with single, ddp-*, fsdp",
     ),
     (
+        ["--set", "task=custom", "--set", "data.path={data}"],
+        "data.path: task custom trains the model and data sets given to paratrain.train",
+    ),
+    (  # strategy=tp shards whatever the degrees say (tp takes the ranks)
+        [str(LORA_RECIPE), "--set", "lora.save_merged=true", "--set", "strategy=tp"]
+        + ["--nproc", "2"],
+        "lora.save_merged: merging needs whole weights on one rank",
+    ),
+    (
         ["--set", "data.batchsize=8"],
         "data.batchsize: unknown key; did you mean batch_size?",
     ),
@@ -116,6 +125,10 @@ CONFLICTS = [
         ["--set", "strategy=fdsp"],
         "strategy: got 'fdsp'; accepted: single, dp, ddp-full, ddp-rr, ddp-ds, fsdp, tp, "
         "pipeline, split, auto; did you mean fsdp?",
+    ),
+    (
+        ["--set", "strategy=ddp"],
+        "did you mean ddp-full or ddp-rr or ddp-ds?",
     ),
 ]
 

@@ -181,7 +181,9 @@ def error_line(cls: type, err: dict) -> str:
     """pydantic's first error as paratrain's line: `data.batch_size: expected an integer, got
     'big'`."""
     path = [str(x) for x in err["loc"]]
-    key, kind, value = ".".join(path), err["type"], err.get("input")
+    # a list's item is key[i], as it was written
+    key = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"]).lstrip(".")
+    kind, value = err["type"], err.get("input")
     if kind == "value_error":  # an owner's __post_init__ names its own field
         message = str(err["ctx"]["error"])
         return f"{key}.{message}" if key else message
@@ -206,5 +208,7 @@ def _field_names(cls: type, path: list[str]) -> list[str]:
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    """The choices the word begins (ddp: ddp-full, ddp-rr, ddp-ds), else the closest one."""
+    starting = [c for c in choices if c.startswith(word) and c != word]
+    close = starting or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""

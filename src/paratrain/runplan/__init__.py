@@ -109,6 +109,8 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     recipe_task = resolve_task(cfg.task, cfg.data.source)
     cfg, notes = sources.with_sources(cfg, given, recipe_task.reads)
     task = resolve_task(cfg.task, cfg.data.source)
+    if task.model_keys == "python":
+        sources.check_python_objects(cfg)
     sources.check_data(cfg)
     sources.check_model(cfg, task.model_keys, task.name)
     cfg = from_dict(RunConfig, cfg.to_dict())  # the leaves' own checks on what changed

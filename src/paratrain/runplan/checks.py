@@ -31,7 +31,8 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
             f"parallel.cpu_offload: moves FSDP's shards to host memory; strategy "
             f"{strategy} has none (use strategy=fsdp, on one GPU too)"
         )
-    sharded = strategy == "fsdp" or p.dp_shard != 1 or p.tp != 1 or p.pp != 1
+    named = strategy in ("fsdp", "tp", "pipeline")  # their axis takes the ranks
+    sharded = named or p.dp_shard != 1 or p.tp != 1 or p.pp != 1
     if cfg.lora.save_merged and sharded:
         raise ValueError(
             "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"

@@ -61,6 +61,8 @@ def given_path_wins(cfg, given: frozenset[str], reads: tuple[str, ...]) -> list[
         if random:
             m.init = "pretrained"
     if "data.path" in given and d.path and d.source in FILELESS and "data.source" not in given:
+        if not reads:  # task custom reads no files: refused by check_python_objects
+            return notes
         readers = tuple(s for s in reads if s not in FILELESS)
         found = sniff.source_of(d.path, readers)
         if found is None:
@@ -71,6 +73,17 @@ def given_path_wins(cfg, given: frozenset[str], reads: tuple[str, ...]) -> list[
         notes.append(f"data.path given: read as data.source={found} (the recipe's {d.source})")
         d.source = found
     return notes
+
+
+def check_python_objects(cfg) -> None:
+    """Task custom trains the objects given to paratrain.train: no model or data key is read."""
+    m, d = cfg.model, cfg.data
+    for key, value in (("model.path", m.path), ("model.shape", m.shape), ("data.path", d.path)):
+        if value:
+            raise ValueError(
+                f"{key}: task custom trains the model and data sets given to paratrain.train; "
+                f"{key} would not be read: drop it"
+            )
 
 
 def check_data(cfg) -> None:

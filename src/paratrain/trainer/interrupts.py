@@ -2,17 +2,21 @@
 the run at a step boundary on every rank, after a checkpoint of that step
 (checkpoint.on_interrupt), so that `paratrain run --resume <run dir>` goes on from there.
 
-Under paratrain's own launch the launching command forwards the signal as SIGUSR1 (job.py),
-and a SIGTERM of torchrun's agent tearing the job down after another rank failed keeps its
-default meaning (stop now) unless the command marked the launch interrupted.
+Which signals mean "stop at the next step boundary":
+- SIGINT (a terminal's Ctrl-C reaches every process of the job's group) and SIGUSR1 (what
+  paratrain's launching command forwards, job.py) always;
+- SIGTERM only when this process is not a worker of paratrain's own launch: there the command
+  turns its own SIGTERM into SIGUSR1, and a SIGTERM reaching a worker is torchrun's agent
+  tearing the job down after another rank failed, which must stop it now (its default).
+The launch's marker file (job.MARKER) counts as a request too: a signal that came before this
+worker could be told.
 
-The first signal only sets a flag. The ranks agree at step boundaries that they all reach:
-every step while no step time is known, then about once a second and at each epoch's end (an
+The first request only sets a flag. The ranks agree at step boundaries they all reach: every
+step while no step time is known, then about once a second and at each epoch's end (an
 all-reduce of the flag and the slowest rank's step time, on a gloo group beside NCCL: no GPU
-sync). A second signal
-more than DEBOUNCE_S after the first stops at once (KeyboardInterrupt); one within it is the
-same request arriving twice (a terminal's Ctrl-C reaches the workers directly and again
-through torchrun's agent)."""
+sync). A second SIGINT more than DEBOUNCE_S after the first stops at once (KeyboardInterrupt;
+the first Ctrl-C reaching a worker directly and again forwarded is one request); once the stop
+is agreed, further signals are ignored."""
 
 from __future__ import annotations
 
@@ -27,12 +31,12 @@ import torch.distributed as dist
 
 DEBOUNCE_S = 2.0
 CHECK_EVERY_S = 1.0
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 class Interrupts:
     def __init__(self, world_size: int, start_step: int):
         self.requested_at: float | None = None
+        self.stopping = False
         self.group = None
         if world_size > 1 and dist.is_initialized():
             # the flag travels on the CPU: an NCCL all-reduce would sync the GPU each time
@@ -40,19 +44,28 @@ class Interrupts:
             self.group = None if gloo else dist.new_group(backend="gloo")
         self.several = world_size > 1
         self.next_check, self.last = start_step + 1, (start_step, time.perf_counter())
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():  # signals reach it alone
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
+        self.previous: dict = {}
+
+    def install(self) -> None:
+        """Take the signals over (the main thread alone receives them); close() gives them
+        back. A request the launch made before this worker could hear it counts."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signals = [signal.SIGINT, signal.SIGUSR1]
+        if not own_launch():
+            signals.append(signal.SIGTERM)
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        if launch_marked():
+            self.requested_at = time.monotonic()
+        self.last = (self.last[0], time.perf_counter())  # step times from the loop's start
 
     def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGTERM and not asked_to_stop():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's teardown: stop now
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
         now = time.monotonic()
+        if self.stopping:
+            return
         if self.requested_at is None:
             self.requested_at = now
-        elif now - self.requested_at > DEBOUNCE_S:
+        elif signum == signal.SIGINT and now - self.requested_at > DEBOUNCE_S:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
 
     def close(self) -> None:
@@ -64,7 +77,8 @@ class Interrupts:
         """After step `step`: whether every rank stops here (a collective at the steps where
         all ranks check; `boundary`: an epoch's end, where they always do)."""
         if not self.several:
-            return self.requested_at is not None
+            self.stopping = self.requested_at is not None
+            return self.stopping
         if step < self.next_check and not boundary:
             return False
         last_step, last_time = self.last
@@ -72,16 +86,23 @@ class Interrupts:
         flags = torch.tensor([float(self.requested_at is not None), step_s], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         # the same next check on every rank: from the all-reduced (slowest) step time
-        self.next_check = step + max(1, min(1000, int(CHECK_EVERY_S / max(flags[1].item(), 1e-6))))
+        every = int(CHECK_EVERY_S / max(flags[1].item(), 1e-6))
+        self.next_check = step + max(1, min(1000, every))
         self.last = (step, time.perf_counter())
-        return flags[0].item() > 0
+        self.stopping = flags[0].item() > 0
+        return self.stopping
 
 
-def asked_to_stop() -> bool:
-    """A SIGTERM asks for a graceful stop unless this worker belongs to a paratrain launch
-    that did not mark itself interrupted (then it is torchrun's agent stopping the job)."""
+def own_launch() -> bool:
+    """A worker of paratrain's own torchrun launch (the command set $PARATRAIN_ERROR_DIR)."""
+    from paratrain.errors import ERROR_DIR
+
+    return bool(os.environ.get(ERROR_DIR))
+
+
+def launch_marked() -> bool:
     from paratrain.errors import ERROR_DIR
     from paratrain.job import MARKER
 
     where = os.environ.get(ERROR_DIR)
-    return not where or (Path(where) / MARKER).exists()
+    return bool(where) and (Path(where) / MARKER).exists()

@@ -38,9 +38,9 @@ from paratrain.trainer.watchdog import Watchdog
 class Trainer:
     def __init__(self, plan, env: pg.DistEnv):
         self.run = run = setup(plan, env)
-        self.interrupts = Interrupts(env.world_size, run.state.step)
         self.checkpoints = Checkpointer(run)
         self.checkpoints.resume_if_asked()
+        self.interrupts = Interrupts(env.world_size, run.state.step)
         announce(run)  # config.yaml and plan.json, once every check has passed
         cfg = run.cfg
         self.watchdog = Watchdog(
@@ -61,6 +61,7 @@ class Trainer:
         run, state = self.run, self.run.state
         began, epochs = time.perf_counter(), []
         gc_pause(run.cfg.train.gc_every_steps)
+        self.interrupts.install()
         try:
             while state.step < run.total_steps:
                 epochs.append(self.epoch())
@@ -119,8 +120,8 @@ class Trainer:
         self.watchdog.beat(state.step, "between steps")
         faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         self.measure.after_step(state.step, time.perf_counter() - began - saving)
-        if self.interrupts.stop_at(state.step):
-            self.interrupt()
+        if state.step < run.total_steps and self.interrupts.stop_at(state.step):
+            self.interrupt()  # (at the last step the run ends as it would)
 
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM, agreed by every rank at this step boundary: the step's checkpoint
