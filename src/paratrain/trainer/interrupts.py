@@ -14,9 +14,9 @@ worker could be told.
 The first request only sets a flag. The ranks agree at step boundaries they all reach: every
 step while no step time is known, then about once a second and at each epoch's end (an
 all-reduce of the flag and the slowest rank's step time, on a gloo group beside NCCL: no GPU
-sync). A second SIGINT more than DEBOUNCE_S after the first stops at once (KeyboardInterrupt;
-the first Ctrl-C reaching a worker directly and again forwarded is one request); once the stop
-is agreed, further signals are ignored."""
+sync). Where nothing else escalates (one process, an outside torchrun), a second SIGINT more
+than DEBOUNCE_S after the first stops at once (KeyboardInterrupt); under paratrain's launch
+the command does that (job.py). Once the stop is agreed, further signals are ignored."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ class Interrupts:
         self.several = world_size > 1
         self.next_check, self.last = start_step + 1, (start_step, time.perf_counter())
         self.previous: dict = {}
+        # a worker of paratrain's launch: its command escalates a second Ctrl-C itself (and a
+        # SIGINT may reach a worker twice: directly, and from torch's parent-death signal)
+        self.led = own_launch()
 
     def install(self) -> None:
         """Take the signals over (the main thread alone receives them); close() gives them
@@ -65,7 +68,7 @@ class Interrupts:
             return
         if self.requested_at is None:
             self.requested_at = now
-        elif signum == signal.SIGINT and now - self.requested_at > DEBOUNCE_S:
+        elif signum == signal.SIGINT and now - self.requested_at > DEBOUNCE_S and not self.led:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
 
     def close(self) -> None:
