@@ -220,6 +220,9 @@ class Workload:
     out_dir: Path | None = None
     """The run's folder (set by the trainer after build): where a task writes its own
     artifacts during training (a GAN's sample grids)."""
+    known_loss: bool = True
+    """The model's output goes straight into a loss paratrain or torch wrote (no in-place op
+    on it before backward): FSDP2's warning that the root returned a view is then noise."""
     compile_units: list[nn.Module] | None = None
     """Repeated units (decoder layers, the chunked loss): torch.compile compiles each in place
     instead of the whole model, so one graph serves every layer and the wrapper code (peft, the

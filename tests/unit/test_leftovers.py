@@ -36,3 +36,30 @@ def test_the_commands_that_write_files_write_them_under_runs():
     assert parser.parse_args(["doctor"]).out == "runs/doctor"
     assert parser.parse_args(["plan", "r.yaml"]).out is None  # runs/plan-<recipe>
     assert parser.parse_args(["tune", "r.yaml"]).out is None  # runs/tune-<recipe>
+
+
+def test_fsdp2s_view_warning_is_left_out_for_the_root_alone():
+    """The root's output goes into a loss that changes nothing in place: its warning is noise;
+    another module's (a block feeding an in-place op) is kept."""
+    import warnings
+
+    from torch import nn
+
+    from paratrain.trainer.setup import quiet_view_warning
+
+    class FSDPNet(nn.Module):  # what fully_shard makes of class Net
+        pass
+
+    def warn(cls: str) -> list:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_view_warning(FSDPNet())
+            warnings.warn(
+                f"FSDP2-wrapped module ({cls}) returned a view tensor. ...",
+                UserWarning,
+                stacklevel=1,
+            )
+        return seen
+
+    assert warn("FSDPNet") == []
+    assert len(warn("FSDPBlock")) == 1

@@ -197,6 +197,7 @@ def build(ctx: BuildContext) -> Workload:
             "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
         },
         rows={"train": len(train_set), "val": len(val_set) if val_set is not None else 0},
+        known_loss=getattr(loss_fn, "__module__", "").startswith("torch"),
     )
 
 

@@ -223,12 +223,27 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
         parts = {name: apply(part, None)[0] for name, part in work.parts.items()}
         return model, model, parts, None, split
     model, eval_model = apply(model, work.compile_units, stage_modules)
+    if plan.layout.wrapper == "fsdp" and work.known_loss:
+        quiet_view_warning(work.model)
     pipe = None
     if dims.pp > 1:  # one stage: the (wrapped) model itself; interleaved: modules sharing it
         stages = [model] if len(stage_modules) == 1 else stage_modules
         copies = tied_copies(unwrap(model), tied, dims)
         pipe = build_schedule(stages, dims, env.device, cfg.pipeline, work.pipeline, copies)
     return model, eval_model, {}, pipe, split
+
+
+def quiet_view_warning(root: nn.Module) -> None:
+    """FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
+    all-gather). The root's output goes straight into a loss paratrain or torch wrote, which
+    changes nothing in place: that one is left out (a block's, or one a user's own loss reads,
+    is kept)."""
+    import re
+    import warnings
+
+    cls = type(root).__name__  # fully_shard swapped it for FSDP<class> already
+    name = re.escape(cls if cls.startswith("FSDP") else f"FSDP{cls}")
+    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \({name}\) returned a view")
 
 
 def optimizers(work: Workload, params: list, dims: ParallelDims, tc):
