@@ -153,10 +153,9 @@ def test_lazy_modules_are_materialised_from_a_batch_under_every_strategy(tmp_pat
     import torch.nn.functional as F
 
     one, train_set, _ = _lazy_objects()
-    common = CUSTOM
     paratrain.train(
         None,
-        {**common, "data.batch_size": 16, "output_dir": str(tmp_path / "one")},
+        {**CUSTOM, "data.batch_size": 16, "output_dir": str(tmp_path / "one")},
         model=one,
         train_data=train_set,
         loss=F.mse_loss,
@@ -164,7 +163,7 @@ def test_lazy_modules_are_materialised_from_a_batch_under_every_strategy(tmp_pat
     two, train_set, _ = _lazy_objects()
     paratrain.train(
         None,
-        {**common, "strategy": strategy, "launch.nproc": 2, "data.batch_size": 8}
+        {**CUSTOM, "strategy": strategy, "launch.nproc": 2, "data.batch_size": 8}
         | {"output_dir": str(tmp_path / "two")},
         model=two,
         train_data=train_set,
