@@ -118,6 +118,14 @@ CONFLICTS = [
         "lora.save_merged: merging needs whole weights on one rank",
     ),
     (
+        [str(RECIPES / "cases" / "gan_mnist_cpu.yaml"), "--set", "train.max_grad_norm=1"],
+        "train.max_grad_norm: the gan task's own step does not clip",
+    ),
+    (
+        [str(LORA_RECIPE), "--set", "train.max_grad_norm=0"],
+        "train.max_grad_norm: must be > 0 or null, got 0",
+    ),
+    (
         ["--set", "data.batchsize=8"],
         "data.batchsize: unknown key; did you mean batch_size?",
     ),

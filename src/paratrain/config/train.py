@@ -31,6 +31,9 @@ class TrainConfig:
     """AdamW's second-moment decay."""
     weight_decay: float = 0.0
     """Decoupled (adamw) or L2 (sgd) weight decay."""
+    max_grad_norm: float | None = None
+    """Clip the gradients to this global L2 norm before each update (torch's clip_grad_norm_
+    over every rank's shards); null: no clipping. Not with a pipeline nor a task's own step."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """constant, or cosine decay to zero over the planned steps."""
     grad_accum_steps: int = 1
@@ -95,6 +98,8 @@ class TrainConfig:
         for key in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key}: must be in [0, 1), got {getattr(self, key)}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm: must be > 0 or null, got {self.max_grad_norm}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
         if self.compile_options:

@@ -84,6 +84,10 @@ def check_sync_mode(cfg, strategy: str, replicating: bool) -> None:
 
 def check_pipeline(cfg) -> None:
     """What a pipeline does not do (yet): one line each, before anything runs."""
+    if cfg.train.max_grad_norm is not None:
+        raise ValueError(
+            "train.max_grad_norm: a pipeline's stages hold parts of the norm; not clipped yet"
+        )
     mb = cfg.pipeline.microbatches
     if cfg.train.compile:
         raise ValueError(

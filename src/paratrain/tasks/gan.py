@@ -39,6 +39,8 @@ def check(cfg, layout: Layout) -> None:
         )
     if cfg.ddp.gradient_compression != "none":
         raise ValueError("ddp.gradient_compression: not offered for the gan task")
+    if cfg.train.max_grad_norm is not None:
+        raise ValueError("train.max_grad_norm: the gan task's own step does not clip")
 
 
 def preflight(cfg, layout: Layout, cuda: bool) -> None:

@@ -81,6 +81,9 @@ def update(run, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any]:
         for p in run.params:
             if p.grad is not None:
                 p.grad.fill_(float("nan"))
+    if run.cfg.train.max_grad_norm is not None:
+        with phase("clip", cuda):
+            clip_gradients(run, run.cfg.train.max_grad_norm)
     verdict = None
     if run.cfg.train.max_bad_steps >= 0:
         with phase("checks", cuda):
@@ -92,6 +95,25 @@ def update(run, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any]:
     with phase("optimizer", cuda):
         optimizer_step(run, verdict)
     return loss_sum, tokens, True if verdict is None else verdict
+
+
+def clip_gradients(run, max_norm: float) -> None:
+    """Scale the gradients down to max_norm when their global L2 norm exceeds it. Under FSDP
+    or tensor parallelism the gradients are DTensors, whose norm DTensor reduces over the ranks
+    (a replicated result); it is made a plain tensor so every rank scales by that one norm.
+    Under fp16 the scaler's factor comes out first (unscale_), or the norm would be the scaled
+    one. No host sync: a NaN norm makes the gradients NaN, which the guard then sees."""
+    if run.scaler is not None:
+        run.scaler.unscale_(run.optimizer)
+    grads = [p.grad for p in run.params if p.grad is not None]
+    if not grads:
+        return
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(
+        [p for p in run.params if p.grad is not None], max_norm, total, foreach=True
+    )
 
 
 def optimizer_step(run, verdict) -> None:
