@@ -161,7 +161,11 @@ def test_clipped_gradients_equal_single(tmp_path, settings):
     clip = ["lora.enabled=false", "train.optimizer=sgd", "train.lr=0.5"]
     base = tmp_path / "single"
     for name, extra in (("clipped", ["train.max_grad_norm=0.05"]), ("free", [])):
-        train(load_config(None, [*LM, *clip, *extra, "data.batch_size=4", f"output_dir={base / name}"]))
+        train(
+            load_config(
+                None, [*LM, *clip, *extra, "data.batch_size=4", f"output_dir={base / name}"]
+            )
+        )
     out = run_parallel(tmp_path, "parallel", 2, *clip, "train.max_grad_norm=0.05", *settings)
     close_to(out, base / "clipped")
     # and the check can fail: unclipped, the same steps end elsewhere

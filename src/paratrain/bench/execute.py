@@ -22,7 +22,11 @@ PEER_MODULES = {
     "fabric": "paratrain.bench.peers.fabric_ref",
     "sol": "paratrain.bench.peers.sol",
     "hf_lora": "paratrain.bench.peers.hf_lora",
+    "torchtitan": "paratrain.bench.peers.torchtitan_ref",
 }
+# Started as one process: the speed-of-light program, and torchtitan's peer (it launches
+# torchtitan's own entry point under torchrun itself).
+ONE_PROCESS = ("sol", "torchtitan")
 SKIPPED_EXIT = 3  # a peer whose library is not installed
 
 
@@ -35,7 +39,7 @@ def command_for(run: RunSpec, run_dir: Path) -> list[str]:
     if run.program == "paratrain":
         return [py, "-m", "paratrain", "run", str(config_path), "--output-dir", str(run_dir)]
     module = PEER_MODULES[run.program]
-    if run.program == "sol":
+    if run.program in ONE_PROCESS:
         return [py, "-m", module, str(config_path), str(run_dir)]
     nproc = run.plan.nproc
     return [

@@ -61,7 +61,7 @@ def main() -> None:
         )
     total = cfg.train.max_steps or 30
     meter = common.Meter(device, cfg.train.warmup_steps, total, keep_losses=True)
-    train_steps(model, optimizer, rows, sampler, meter, batch, dtype)
+    train_steps(model, optimizer, rows, sampler, meter, batch, dtype, cfg.train.max_grad_norm)
     summary = meter.summary(batch, world_size)
     add_tokens(summary, length, batch * length * world_size)
     if rank == 0:
@@ -119,9 +119,13 @@ def build_model(cfg, dtype: torch.dtype, device: torch.device):
     return model, config
 
 
-def train_steps(model, optimizer, rows, sampler, meter: common.Meter, batch: int, dtype) -> None:
+def train_steps(
+    model, optimizer, rows, sampler, meter: common.Meter, batch: int, dtype, max_norm=None
+) -> None:
     """The documentation's loop: the meter's total steps over the sampler's order, epoch after
-    epoch, the last short batch of each dropped (as paratrain's loader drops it)."""
+    epoch, the last short batch of each dropped (as paratrain's loader drops it); gradients
+    clipped by clip_grad_norm_ when train.max_grad_norm is set."""
+    trained = [p for p in model.parameters() if p.requires_grad]
     device, total = meter.device, meter.total
     model.train()
     meter.start()
@@ -136,6 +140,8 @@ def train_steps(model, optimizer, rows, sampler, meter: common.Meter, batch: int
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
+            if max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(trained, max_norm, foreach=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             meter.step(loss)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 34 on one H200, each MODE in one device call:
+#   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
+#     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
+#     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
+#     PROFILE="<paratrain --set args>" first profiles one paratrain row (profile.txt back).
+# Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
+# (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
+#   device run (kind nvidia-h200, carry .whl .commit):  MODE=full bash benchmarks/device/issue34.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; start=$SECONDS; BUDGET=${BUDGET:-540}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .whl/tt/*.whl || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+{ nvidia-smi -L; python3 - <<'PY'
+import importlib.metadata as md, importlib.util as u
+for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kernel", "triton", "datasets"):
+    try: print(p, md.version(p))
+    except md.PackageNotFoundError: print(p, "absent")
+PY
+echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1; cat "$OUT/machine.txt"
+DB=/tmp/results.db
+case ${MODE:-full} in
+full)
+  if [ -n "${PROFILE:-}" ]; then
+    args=(); for s in $PROFILE; do args+=(--set "$s"); done
+    timeout 240 python3 -m paratrain run recipes/llama3.2_1b_full_random.yaml "${args[@]}" --set train.profile_steps=3 --set log.progress=false --output-dir /tmp/profile 2>&1 | tail -3
+    cp /tmp/profile/profile.txt "$OUT/profile.txt"
+  fi
+  eval "only=(${ONLY:-torchtitan \"paratrain compiled\"})"; flags=()
+  for o in "${only[@]}"; do flags+=(--only "$o"); done
+  left=$((BUDGET - (SECONDS - start)))
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/full_speed.yaml "${flags[@]}" ${BENCH_FLAGS:-} \
+    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench.log" | tail -20
+  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "torchtitan compiled" \
+    "paratrain compiled=torchtitan compiled" \
+    "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise"
+  ;;
+esac
+python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"
+for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done > "$OUT/torchtitan_logs.txt" 2>/dev/null
+for f in /tmp/runs/*/*/log.txt; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|warn" "$f" | tail -6; done > "$OUT/logs.txt" 2>/dev/null

@@ -1,0 +1,168 @@
+"""paratrain's run in torchtitan's terms, without importing torchtitan: its model arguments, its
+command line, and what its log says. Pure functions, tested without torchtitan installed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import torch
+
+from paratrain.config import RunConfig, load_config
+
+# What the torchtitan peer runs; anything else exits 2 before any work.
+SUPPORTED_PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def unsupported(cfg: RunConfig) -> str | None:
+    """Why torchtitan cannot run this config as paratrain does, or None."""
+    if cfg.task not in ("causal_lm", "auto") or cfg.data.source != "synthetic-text":
+        return "runs the causal_lm task on data.source=synthetic-text"
+    if cfg.model.path is not None or cfg.model.shape is None or cfg.lora.enabled:
+        return "trains every weight of a model.shape from random init (lora.enabled=false)"
+    if cfg.precision not in SUPPORTED_PRECISION:
+        return f"precision {cfg.precision}: bf16 (autocast over fp32 weights) or fp32"
+    if cfg.train.optimizer != "adamw" or cfg.train.grad_accum_steps != 1:
+        return "runs AdamW, one batch per step"
+    if cfg.train.warmup_steps < 1 or (cfg.train.max_steps or 0) <= cfg.train.warmup_steps:
+        return "needs train.max_steps > train.warmup_steps >= 1 (the measured window)"
+    return None
+
+
+def ffn_sizing(dim: int, hidden: int) -> tuple[float, int]:
+    """(ffn_dim_multiplier, multiple_of) with which torchtitan's FeedForward gets `hidden`
+    (int(2 * 4 * dim / 3), times the multiplier, rounded up to multiple_of)."""
+    base = int(2 * 4 * dim / 3)
+    for multiple in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
+        for mult in (hidden / base, (hidden - multiple + 1) / base):
+            h = int(mult * base)
+            if multiple * ((h + multiple - 1) // multiple) == hidden:
+                return mult, multiple
+    raise ValueError(f"no torchtitan FFN sizing gives {hidden} for dim {dim}")
+
+
+def model_args(cfg: RunConfig) -> dict:
+    """TransformerModelArgs' keywords for the config's Llama shape (torchtitan's embeddings are
+    untied: the output layer is its own weight, whatever the shape ties)."""
+    from paratrain.models.causal_lm.build import shape_config
+
+    c = shape_config(cfg.model.shape, cfg.model.layers)
+    if c.model_type != "llama":
+        raise ValueError(f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes")
+    mult, multiple = ffn_sizing(c.hidden_size, c.intermediate_size)
+    rope = getattr(c, "rope_parameters", None) or {}
+    return {
+        "dim": c.hidden_size,
+        "n_layers": c.num_hidden_layers,
+        "n_heads": c.num_attention_heads,
+        "n_kv_heads": c.num_key_value_heads,
+        "vocab_size": c.vocab_size,
+        "ffn_dim_multiplier": mult,
+        "multiple_of": multiple,
+        "norm_eps": c.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 500000.0)),
+    }
+
+
+def run_config() -> RunConfig:
+    return load_config(os.environ["PARATRAIN_TT_CONFIG"])
+
+
+def token_rows(cfg: RunConfig, length: int) -> torch.Tensor:
+    """paratrain's synthetic-text rows (the same generator, seed and token range), `length`
+    tokens each: torchtitan takes inputs and labels from one row shifted by one."""
+    from paratrain.bench.peers.hf_lora import synthetic_rows
+    from paratrain.models.causal_lm.build import shape_config
+
+    vocab = shape_config(cfg.model.shape, cfg.model.layers).vocab_size
+    longer = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_length=length))
+    return synthetic_rows(longer, vocab)
+
+
+def command_args(cfg: RunConfig, dump_folder: str) -> list[str]:
+    """torchtitan.train's command line for the run: the same shape, batch, steps, precision,
+    optimizer, clipping, compile and float8 as paratrain's config. torchtitan always clips
+    (max_norm); paratrain without max_grad_norm is matched by an infinite norm (the norm is
+    still computed and the gradients multiplied by 1)."""
+    t = cfg.train
+    steps, warm = t.max_steps, t.warmup_steps
+    args = {
+        "job.dump_folder": dump_folder,
+        "model.name": "paratrain",
+        "model.flavor": "shape",
+        "experimental.custom_import": "paratrain.bench.peers.torchtitan_spec",
+        "training.local_batch_size": cfg.data.batch_size,
+        "training.seq_len": cfg.data.max_length,
+        "training.steps": steps,
+        "training.max_norm": t.max_grad_norm if t.max_grad_norm is not None else math.inf,
+        "training.dtype": "float32",
+        "training.mixed_precision_param": SUPPORTED_PRECISION[cfg.precision],
+        "optimizer.lr": t.lr,
+        "optimizer.beta1": t.adam_beta1,
+        "optimizer.beta2": t.adam_beta2,
+        "optimizer.weight_decay": t.weight_decay,
+        "optimizer.implementation": "fused" if t.fused_optimizer else "foreach",
+        "lr_scheduler.warmup_steps": 0,
+        "activation_checkpoint.mode": "full" if t.activation_checkpointing else "none",
+        "metrics.log_freq": math.gcd(warm, steps),  # a log at the end of the warm-up
+        "debug.seed": cfg.seed,
+    }
+    if t.lr_schedule == "constant":
+        args["lr_scheduler.decay_ratio"] = 0.0
+    else:
+        args["lr_scheduler.decay_type"] = "cosine"
+    out = [f"--{k}={v}" for k, v in args.items()]
+    if t.compile:
+        out.append("--compile.enable")
+    if cfg.model.fp8 != "none":
+        out += [
+            "--model.converters=quantize.linear.float8",
+            f"--quantize.linear.float8.recipe_name={cfg.model.fp8}",
+            # paratrain keeps the output layer in bf16, as torchao and torchtitan advise
+            "--quantize.linear.float8.filter_fqns=output",
+        ]
+    return out
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP = re.compile(
+    r"step:\s*(\d+)\s+loss:\s*([-\d.e+naif]+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)"
+    r".*?mfu:\s*([\d.]+)%"
+)
+
+
+def read_log(text: str) -> list[dict]:
+    """torchtitan's metric lines: step, loss, reserved memory (GiB), tokens/s and its own MFU
+    (%), each over the steps since the previous line."""
+    rows = []
+    for line in ANSI.sub("", text).splitlines():
+        m = STEP.search(line)
+        if m:
+            step, loss, mem, tps, mfu = m.groups()
+            rows.append(
+                {
+                    "step": int(step),
+                    "loss": float(loss),
+                    "memory_gib": float(mem),
+                    "tps": float(tps.replace(",", "")),
+                    "mfu_pct": float(mfu),
+                }
+            )
+    return rows
+
+
+def measured(rows: list[dict], warmup: int, tokens_per_step: int) -> dict:
+    """Tokens/s over the steps after the warm-up, from the windows that start there: the
+    window's tokens over its time, summed (the window lengths come from the steps logged)."""
+    tokens, seconds, prev, steps = 0.0, 0.0, 0, 0
+    for r in rows:
+        window = r["step"] - prev
+        if prev >= warmup and window > 0:
+            t = window * tokens_per_step
+            tokens, seconds, steps = tokens + t, seconds + t / r["tps"], steps + window
+        prev = r["step"]
+    if not steps:
+        raise ValueError(f"no torchtitan log line after step {warmup}")
+    return {"tokens_per_s": tokens / seconds, "measured_steps": steps, "seconds": seconds}
