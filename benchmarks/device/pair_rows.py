@@ -47,7 +47,9 @@ def main() -> None:
         rel = [abs(ca[s] - cb[s]) / abs(cb[s]) for s in common]
         half = common[len(common) // 2 :]
         noise = (
-            statistics.fmean(abs(cb[s] - cb[t]) / abs(cb[t]) for t, s in zip(half, half[1:]))
+            statistics.fmean(
+                abs(cb[s] - cb[t]) / abs(cb[t]) for t, s in zip(half[:-1], half[1:], strict=True)
+            )
             if len(half) > 1
             else float("nan")
         )
@@ -58,7 +60,8 @@ def main() -> None:
             f"diff (2nd half) {statistics.fmean(rel[len(rel) // 2 :]):.2%}, {b}'s own "
             f"point-to-point change (2nd half) {noise:.2%}"
         )
-    open(out, "w").write("\n".join(lines) + "\n")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
