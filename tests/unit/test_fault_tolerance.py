@@ -153,6 +153,17 @@ def test_a_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch):
     assert strict["summary"]["train_loss"] > 0  # the skipped step's NaN is not in the mean
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["clip-then-step", "clip-in-kernel"])
+def test_a_non_finite_step_under_clipping_is_skipped(tmp_path, monkeypatch, fused):
+    """With train.max_grad_norm the guard reads the clip's global norm (NaN anywhere makes it
+    NaN) instead of a second pass over the gradients: the NaN step is still skipped."""
+    monkeypatch.setattr(faults, "_FAULTS", faults.parse("nan:step=2"))
+    settings = ["train.max_steps=4", "train.max_grad_norm=0.5", f"train.fused_optimizer={fused}"]
+    result = run(tmp_path / "nan", *settings)
+    assert result["summary"]["skipped_steps"] == [2]
+    assert all(v.isfinite().all() for v in final_weights(tmp_path / "nan").values())
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_a_fused_optimizer_skips_on_the_device_flag_as_the_host_check_does(
     tmp_path, monkeypatch, optimizer

@@ -253,3 +253,18 @@ def test_gc_schedule_turns_collection_back_on_after_an_error():
     with gc_schedule(0):  # 0: Python's own schedule, untouched
         gc_pause(0)
         assert gc.isenabled()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_clip_in_the_fused_kernel_equals_clip_then_step(tmp_path, optimizer):
+    """train.max_grad_norm with a fused optimizer: the kernel divides the gradients (its
+    grad_scale) instead of a pass of clip_grads_with_norm_; the same weights either way, and
+    not those of the unclipped run (the check can fail). The norm is small enough that it
+    matters to AdamW too (gradients near its eps)."""
+    clip = "train.max_grad_norm=" + ("0.05" if optimizer == "sgd" else "1e-7")
+    common = ["data.batch_size=16", "train.max_steps=4", f"train.optimizer={optimizer}"]
+    in_kernel = run(tmp_path, "fused", [*common, clip, "train.fused_optimizer=true"])
+    separate = run(tmp_path, "separate", [*common, clip, "train.fused_optimizer=false"])
+    free = run(tmp_path, "free", [*common, "train.fused_optimizer=true"])
+    assert max_diff(in_kernel, separate) < 1e-5
+    assert max_diff(in_kernel, free) > 1e-3
