@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34 on one H200, each MODE in one device call:
+#   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
+#     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise;
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
@@ -36,6 +38,16 @@ full)
   python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "torchtitan compiled" \
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise"
+  ;;
+lora)
+  left=$((BUDGET - (SECONDS - start)))
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/lora_speed.yaml --grid launch.nproc=1 \
+    --only "transformers + peft" --only "paratrain compiled," ${BENCH_FLAGS:-} \
+    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench.log" | tail -20
+  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "transformers + peft" \
+    "paratrain compiled, bf16=transformers + peft" \
+    "paratrain compiled, fp8 tensorwise=transformers + peft" \
+    "transformers + peft + Liger=transformers + peft"
   ;;
 esac
 python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"

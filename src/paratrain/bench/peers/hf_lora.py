@@ -94,6 +94,8 @@ def build_model(cfg, dtype: torch.dtype, device: torch.device):
 
     config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
     config.use_cache = False
+    if cfg.model.kernels != "none":
+        apply_liger(config.model_type, loss_only=cfg.model.kernels == "liger-loss")
     full = not cfg.lora.enabled
     # full training keeps fp32 master weights (autocast computes in bf16); LoRA's frozen base
     # lives in the autocast dtype
@@ -117,6 +119,20 @@ def build_model(cfg, dtype: torch.dtype, device: torch.device):
         for layer in decoder_layers(model):
             layer.compile()
     return model, config
+
+
+def apply_liger(model_type: str, loss_only: bool) -> None:
+    """transformers + peft + Liger, as Liger's documentation shows: its patch of the model
+    family's modules before the model is built (RMSNorm, RoPE, SwiGLU and the fused linear
+    cross-entropy in model(...).loss; liger-loss: the loss alone)."""
+    common.require("liger_kernel")
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    patch = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
+    if loss_only:
+        patch(rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
+    else:
+        patch(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
 
 
 def train_steps(
