@@ -8,6 +8,7 @@
 #     PROFILE="<paratrain --set args>" first profiles one paratrain row (profile.txt back).
 # Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
 # (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
+# TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back).
 #   device run (kind nvidia-h200, carry .whl .commit):  MODE=full bash benchmarks/device/issue34.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -23,6 +24,9 @@ for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kerne
 PY
 echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1; cat "$OUT/machine.txt"
 DB=/tmp/results.db
+if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
+fi
 case ${MODE:-full} in
 full)
   if [ -n "${PROFILE:-}" ]; then

@@ -303,3 +303,51 @@ def test_sync_batchnorm_two_ranks_equal_one_at_twice_the_batch(tmp_path):
     diff = max((a[k] - b[k]).abs().max().item() for k in a if "num_batches" not in k)
     apart = max((a[k] - c[k]).abs().max().item() for k in a if "num_batches" not in k)
     assert diff < 1e-4 and apart > 10 * diff, (diff, apart)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torchtitan") is None,
+    reason="torchtitan is not installed (carried as a wheel on the GPU machine)",
+)
+def test_torchtitan_peer_trains_the_same_rows_as_paratrain(tmp_path):
+    """The torchtitan peer (issue 34) on the tiny Llama shape: its own Trainer runs, its log is
+    read into result.json, and its loss ends where paratrain's does on the same random rows
+    (both fall to about ln(259): the byte tokenizer's ids, uniformly drawn)."""
+    import json
+    import subprocess
+    import sys
+
+    from paratrain.config import load_config, to_yaml
+
+    settings = [
+        "model.shape=tiny",
+        "data.source=synthetic-text",
+        "model.init=random",
+        "lora.enabled=false",
+        "precision=bf16",
+        "data.max_length=64",
+        "data.batch_size=8",
+        "train.max_steps=40",
+        "train.warmup_steps=10",
+        "train.lr=0.003",
+        "train.max_grad_norm=1.0",
+        "train.eval=false",
+        "log.progress=false",
+        "checkpoint.at_end=false",
+        "data.num_workers=0",
+    ]
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(to_yaml(load_config(None, settings)))
+    tt = tmp_path / "tt"
+    subprocess.run(
+        [sys.executable, "-m", "paratrain.bench.peers.torchtitan_ref", str(cfg_path), str(tt)],
+        check=True,
+        timeout=600,
+    )
+    r = json.loads((tt / "result.json").read_text())
+    s = r["summary"]
+    assert r["program"] == "torchtitan" and s["measured_steps"] == 30 and len(s["losses"]) == 40
+    assert s["tokens_per_s"] > 0 and s["mfu"] is not None
+    run_cli(["run", *[a for x in settings for a in ("--set", x)], "--output-dir", tmp_path / "pt"])
+    ours = read_result(tmp_path / "pt")["summary"]["train_loss"]
+    assert abs(s["train_loss"] - ours) < 0.05 * ours, (s["train_loss"], ours)
