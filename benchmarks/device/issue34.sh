@@ -2,6 +2,7 @@
 # Issue 34 on one H200, each MODE in one device call:
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise;
+#   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
@@ -42,6 +43,15 @@ full)
   python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "torchtitan compiled" \
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise"
+  ;;
+profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
+  for entry in ${PROFILES:-}; do
+    IFS=: read -r name recipe sets <<<"$entry"; args=()
+    for kv in ${sets//,/ }; do args+=(--set "$kv"); done
+    left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $name"; break; }
+    timeout $left python3 -m paratrain run "$recipe" "${args[@]}" --set train.profile_steps=3 --set log.progress=false --output-dir /tmp/prof_$name 2>&1 | grep "^paratrain: " | head -2 | tee -a "$OUT/profiled_runs.txt"
+    cp /tmp/prof_$name/profile.txt "$OUT/profile_$name.txt"
+  done
   ;;
 lora)
   left=$((BUDGET - (SECONDS - start)))

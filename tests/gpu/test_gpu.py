@@ -312,8 +312,11 @@ def test_sync_batchnorm_two_ranks_equal_one_at_twice_the_batch(tmp_path):
 def test_torchtitan_peer_trains_the_same_rows_as_paratrain(tmp_path):
     """The torchtitan peer (issue 34) on the tiny Llama shape: its own Trainer runs, its log is
     read into result.json, and its loss ends where paratrain's does on the same random rows
-    (both fall to about ln(259): the byte tokenizer's ids, uniformly drawn)."""
+    (both fall to about ln(259): the byte tokenizer's ids, uniformly drawn). The first steps
+    differ: torchtitan initialises its own way (on the H200 the 40-step means were 5.98 and
+    5.63), so the last 10 steps are compared."""
     import json
+    import math
     import subprocess
     import sys
 
@@ -349,5 +352,8 @@ def test_torchtitan_peer_trains_the_same_rows_as_paratrain(tmp_path):
     assert r["program"] == "torchtitan" and s["measured_steps"] == 30 and len(s["losses"]) == 40
     assert s["tokens_per_s"] > 0 and s["mfu"] is not None
     run_cli(["run", *[a for x in settings for a in ("--set", x)], "--output-dir", tmp_path / "pt"])
-    ours = read_result(tmp_path / "pt")["summary"]["train_loss"]
-    assert abs(s["train_loss"] - ours) < 0.05 * ours, (s["train_loss"], ours)
+    points = [json.loads(x) for x in (tmp_path / "pt" / "steps.jsonl").read_text().splitlines()]
+    ours = [p["loss"] for p in points if p["step"] > 30 and p.get("loss") is not None]
+    theirs = s["losses"][30:]
+    a, b = sum(ours) / len(ours), sum(theirs) / len(theirs)
+    assert abs(a - b) < 0.02 * b and b < math.log(320), (a, b)

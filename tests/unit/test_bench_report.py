@@ -294,9 +294,12 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
     more = load_sweep(path, repeats=3, only=["fp8 TENSORWISE", "transformers"])
     assert {r.label for r in more.runs} == {
         "transformers + peft",
+        "transformers + peft + Liger",
         "paratrain compile + chunked loss + fp8 tensorwise",
+        "paratrain compiled, fp8 tensorwise",
     }
-    assert len(more.runs) == 2 * 2 * 3  # two variants x 1 and 2 GPUs x 3 repeats
+    # two variants on 1 and 2 GPUs, two on 1 GPU only (their own grid), x 3 repeats
+    assert len(more.runs) == (2 * 2 + 2) * 3
     # repeat 0 is the run already stored: a report then has three to take the median of
     assert {r.key for r in more.runs if r.repeat == 0} < {r.key for r in base.runs}
     with pytest.raises(ConfigError, match="--only: no variant's label contains 'fsdq'"):
