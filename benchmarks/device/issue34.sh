@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34 on one H200, each MODE in one device call:
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
-#     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise;
+#     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
@@ -54,13 +54,16 @@ profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile
   done
   ;;
 lora)
+  eval "only=(${ONLY:-\"transformers + peft\" \"paratrain compiled,\"})"; flags=()
+  for o in "${only[@]}"; do flags+=(--only "$o"); done
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/lora_speed.yaml --grid launch.nproc=1 \
-    --only "transformers + peft" --only "paratrain compiled," ${BENCH_FLAGS:-} \
+    "${flags[@]}" ${BENCH_FLAGS:-} \
     --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench.log" | tail -20
   python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "transformers + peft" \
     "paratrain compiled, bf16=transformers + peft" \
     "paratrain compiled, fp8 tensorwise=transformers + peft" \
+    "paratrain compiled + fused AdamW, bf16=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac
