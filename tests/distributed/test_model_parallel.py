@@ -150,15 +150,20 @@ def test_interleaved_pipeline_x_fsdp_2x2_equals_single(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "settings",
-    [["strategy=fsdp", "data.batch_size=2"], ["parallel.tp=2", "data.batch_size=4"]],
-    ids=["fsdp", "tp"],
+    ("lora", "settings"),
+    [
+        (False, ["strategy=fsdp", "data.batch_size=2"]),
+        (False, ["parallel.tp=2", "data.batch_size=4"]),
+        (True, ["parallel.tp=2", "data.batch_size=4"]),
+    ],
+    ids=["fsdp", "tp", "tp-lora"],
 )
-def test_clipped_gradients_equal_single(tmp_path, settings):
+def test_clipped_gradients_equal_single(tmp_path, lora, settings):
     """train.max_grad_norm over sharded gradients (FSDP's Shard(0), tensor parallel's mix of
-    shards and replicas) clips by the global norm: the same weights as one process. SGD, whose
-    step moves with the gradient's size (AdamW's barely does)."""
-    clip = ["lora.enabled=false", "train.optimizer=sgd", "train.lr=0.5"]
+    shards and replicas, and LoRA's plain adapters beside a sharded base) clips by the global
+    norm: the same weights as one process. SGD, whose step moves with the gradient's size
+    (AdamW's barely does)."""
+    clip = [f"lora.enabled={lora}", "train.optimizer=sgd", "train.lr=0.5"]
     base = tmp_path / "single"
     for name, extra in (("clipped", ["train.max_grad_norm=0.05"]), ("free", [])):
         train(

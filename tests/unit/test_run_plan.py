@@ -122,6 +122,10 @@ CONFLICTS = [
         "train.max_grad_norm: the gan task's own step does not clip",
     ),
     (
+        [str(LORA_RECIPE), "--set", "train.max_grad_norm=1", "--set", "sync.mode=local_sgd"],
+        "train.max_grad_norm: sync.mode local_sgd applies gradients that were not all-reduced",
+    ),
+    (
         [str(LORA_RECIPE), "--set", "train.max_grad_norm=0"],
         "train.max_grad_norm: must be > 0 or null, got 0",
     ),

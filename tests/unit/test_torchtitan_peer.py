@@ -54,7 +54,10 @@ def test_model_args_and_command_follow_the_config():
         (["lora.enabled=true"], "trains every weight"),
         (["precision=fp16"], "precision fp16"),
         (["train.optimizer=sgd"], "AdamW"),
-        (["train.max_steps=10"], "max_steps > train.warmup_steps"),
+        (["train.max_steps=10"], "a multiple of train.warmup_steps"),
+        (["train.max_steps=35"], "a multiple of train.warmup_steps"),
+        (["model.shape=gpt2"], "builds Llama shapes"),
+        (["model.kernels=liger"], "model.kernels"),
     ],
 )
 def test_what_the_peer_cannot_run_is_named(overrides, why):
@@ -78,7 +81,7 @@ def test_log_lines_read_and_the_window_after_warm_up_measured():
             (30, 5.6, 66_000),
         )
     )
-    rows = tt.read_log("noise\n" + text)
+    rows = tt.read_log("noise\n" + text + text)  # two ranks print the same lines
     assert [r["step"] for r in rows] == [1, 10, 20, 30] and rows[2]["loss"] == 6.0
     assert rows[0]["memory_gib"] == 61.2 and rows[0]["mfu_pct"] == 53.54
     w = tt.measured(rows, warmup=10, tokens_per_step=16384)

@@ -133,6 +133,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     )
     checks.check_supported(task, layout, strategy, cfg.precision)
     checks.check_sync_batchnorm(cfg, wrapper, device_of(cfg))
+    checks.check_clipping(cfg, device_of(cfg))
     task.check(cfg, layout)
     checks.check_interleaved(cfg, degrees["pp"], task)
     # the decisions written into the config as it runs (config.yaml): resolving it again

@@ -39,6 +39,22 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
         )
 
 
+def check_clipping(cfg, device: str) -> None:
+    """train.max_grad_norm clips by the norm of every step's all-reduced gradients."""
+    if cfg.train.max_grad_norm is None:
+        return
+    if cfg.sync.mode != "every_step":
+        raise ValueError(
+            f"train.max_grad_norm: sync.mode {cfg.sync.mode} applies gradients that were not "
+            "all-reduced this step; clipping needs sync.mode=every_step"
+        )
+    if cfg.parallel.cpu_offload and device != "cpu":
+        raise ValueError(
+            "train.max_grad_norm: with parallel.cpu_offload the gradient shards live in host "
+            "memory, which NCCL cannot reduce; not clipped yet"
+        )
+
+
 def check_ddp_options(cfg, strategy: str, replicating: bool) -> None:
     """Gradient compression and the sync modes act on DDP's all-reduce."""
     compression, sync = cfg.ddp.gradient_compression, cfg.sync

@@ -128,7 +128,9 @@ def apply_liger(model_type: str, loss_only: bool) -> None:
     common.require("liger_kernel")
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
-    patch = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
+    patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if patch is None:
+        common.fail(f"model.kernels: liger-kernel has no kernels for model type {model_type!r}")
     if loss_only:
         patch(rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
     else:

@@ -22,12 +22,21 @@ def unsupported(cfg: RunConfig) -> str | None:
         return "runs the causal_lm task on data.source=synthetic-text"
     if cfg.model.path is not None or cfg.model.shape is None or cfg.lora.enabled:
         return "trains every weight of a model.shape from random init (lora.enabled=false)"
+    from paratrain.models.causal_lm.build import shape_config
+
+    if shape_config(cfg.model.shape, cfg.model.layers).model_type != "llama":
+        return f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes"
+    if cfg.model.kernels != "none":
+        return "model.kernels: torchtitan uses its own kernels; set model.kernels=none"
     if cfg.precision not in SUPPORTED_PRECISION:
         return f"precision {cfg.precision}: bf16 (autocast over fp32 weights) or fp32"
     if cfg.train.optimizer != "adamw" or cfg.train.grad_accum_steps != 1:
         return "runs AdamW, one batch per step"
-    if cfg.train.warmup_steps < 1 or (cfg.train.max_steps or 0) <= cfg.train.warmup_steps:
-        return "needs train.max_steps > train.warmup_steps >= 1 (the measured window)"
+    warm, steps = cfg.train.warmup_steps, cfg.train.max_steps or 0
+    if warm < 1 or steps <= warm or steps % warm:
+        # torchtitan logs (and syncs) every log_freq steps: one log at the warm-up's end and
+        # whole windows after it, not a sync in every measured step
+        return "needs train.max_steps a multiple of train.warmup_steps >= 1 (the measured window)"
     return None
 
 
@@ -45,7 +54,8 @@ def ffn_sizing(dim: int, hidden: int) -> tuple[float, int]:
 
 def model_args(cfg: RunConfig) -> dict:
     """TransformerModelArgs' keywords for the config's Llama shape (torchtitan's embeddings are
-    untied: the output layer is its own weight, whatever the shape ties)."""
+    untied: the output layer is its own weight, whatever the shape ties). paratrain's shapes
+    have no RoPE scaling; torchtitan's spec sets its scaling to the identity (factor 1)."""
     from paratrain.models.causal_lm.build import shape_config
 
     c = shape_config(cfg.model.shape, cfg.model.layers)
@@ -106,7 +116,7 @@ def command_args(cfg: RunConfig, dump_folder: str) -> list[str]:
         "optimizer.implementation": "fused" if t.fused_optimizer else "foreach",
         "lr_scheduler.warmup_steps": 0,
         "activation_checkpoint.mode": "full" if t.activation_checkpointing else "none",
-        "metrics.log_freq": math.gcd(warm, steps),  # a log at the end of the warm-up
+        "metrics.log_freq": warm,  # a log at the end of the warm-up (unsupported checks it)
         "debug.seed": cfg.seed,
     }
     if t.lr_schedule == "constant":
@@ -136,11 +146,12 @@ STEP = re.compile(
 def read_log(text: str) -> list[dict]:
     """torchtitan's metric lines: step, loss, reserved memory (GiB), tokens/s and its own MFU
     (%), each over the steps since the previous line."""
-    rows = []
+    rows, seen = [], set()
     for line in ANSI.sub("", text).splitlines():
         m = STEP.search(line)
-        if m:
+        if m and int(m.group(1)) not in seen:  # every rank prints the line: the first stands
             step, loss, mem, tps, mfu = m.groups()
+            seen.add(int(step))
             rows.append(
                 {
                     "step": int(step),

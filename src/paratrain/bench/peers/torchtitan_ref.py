@@ -97,7 +97,7 @@ def summarise(cfg, text: str, losses_path: Path, world: int) -> dict:
         "val_accuracy": None,
         "energy": None,
         "losses": losses,
-        "torchtitan_mfu": [r["mfu_pct"] / 100 for r in rows],
+        "torchtitan_mfu": [r["mfu_pct"] / 100 for r in rows],  # its own figure, per log line
     }
     add_tokens(summary, length, batch * length * world)
     summary.update(paratrain_mfu(cfg, tokens_per_s / world))

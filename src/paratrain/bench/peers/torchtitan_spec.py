@@ -22,7 +22,7 @@ from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.optimizer import build_optimizers
 from torchtitan.models.llama3.infra.parallelize import parallelize_llama
-from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs
 from torchtitan.models.llama3.model.model import Transformer
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
@@ -60,7 +60,8 @@ def build_loader(dp_world_size: int, dp_rank: int, tokenizer, job_config, **_):
 
 def build_loss(job_config, **kwargs):
     """torchtitan's own loss (compiled when it compiles the loss); each call's mean per token
-    kept on the device for the curve. Every label is a real token, so sum / numel is the mean."""
+    kept on the device for the curve (rank 0's rows: on one GPU, the step's loss). Every label
+    is a real token, so sum / numel is the mean."""
     inner = build_cross_entropy_loss(job_config, **kwargs)
 
     def loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,13 @@ def register() -> None:
         NAME,
         TrainSpec(
             model_cls=Transformer,
-            model_args={"shape": TransformerModelArgs(**args)},
+            # torchtitan applies Llama-3.1's RoPE scaling by default (factor 8); paratrain's
+            # shapes have none: a factor of 1 makes its formula the identity
+            model_args={
+                "shape": TransformerModelArgs(
+                    **args, rope_scaling_args=RoPEScalingArgs(scaling_factor=1.0)
+                )
+            },
             parallelize_fn=parallelize_llama,
             pipelining_fn=None,
             build_optimizers_fn=build_optimizers,
