@@ -214,6 +214,14 @@ def test_llm_table_tokens_scaling_and_seed_columns():
     assert a2[3:8] == ["8,192", "19,600", "9,800", "98.0%", "1.31x"]
     assert a2[8] == "40.0%" and a2[11] == "0.77 / 0.94" and a2[12] == "n/a"  # no telemetry
     assert a2[10] == "n/a"  # mJ/token: no energy counter
+    # the title says which table: LoRA's (the seed's table 5.2) or full training's
+    for r in rows:
+        r.config["lora"]["enabled"] = False
+    tables, _ = build_report({"l": ("llm", {"reference": "peft"}, rows)})
+    assert tables[0].title.startswith("Language-model full training")
+    rows[0].config["lora"]["enabled"] = True
+    tables, _ = build_report({"l": ("llm", {"reference": "peft"}, rows)})
+    assert tables[0].title.startswith("Language-model fine-tuning (seed table 5.2)")
 
 
 def test_clock_column_is_the_slowest_gpu():
