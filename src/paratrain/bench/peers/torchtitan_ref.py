@@ -72,9 +72,8 @@ def main() -> None:
         print(tail, file=sys.stderr)
         common.fail(f"torchtitan exited {code} (log: {log_path})")
     summary = summarise(cfg, text, losses_path, nproc)
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     common.write_result(
-        out_dir, "torchtitan", cfg, device, nproc, summary, torchtitan=torchtitan_version()
+        out_dir, "torchtitan", cfg, first_device(), nproc, summary, torchtitan=torchtitan_version()
     )
 
 
@@ -114,13 +113,17 @@ def paratrain_mfu(cfg, tokens_per_s_per_device: float) -> dict:
     with building(torch.float32, "meta"):
         model = model_class(config)(config)
     per_token = CausalLMSpec().flops_per_token(model, cfg.data.max_length, False)
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    peak = metrics.peak_flops(device)
+    peak = metrics.peak_flops(first_device())
     achieved = per_token * tokens_per_s_per_device
     return {
         "mfu": achieved / peak if peak else None,
         "mfu_basis": {"model_flops_per_token": per_token, "peak_flops_bf16_dense": peak},
     }
+
+
+def first_device() -> torch.device:
+    """The device this process sees first: torchtitan's rank 0 trains on it."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def torchtitan_version() -> str | None:
