@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 34 on one H200, each MODE in one device call:
+# Issue 34 on one H200; MODE is one or more of these, run in one device call:
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
@@ -28,7 +28,8 @@ DB=/tmp/results.db
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
   timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
-case ${MODE:-full} in
+for mode in ${MODE:-full}; do  # MODE="lora profile": both, in this order
+case $mode in
 full)
   if [ -n "${PROFILE:-}" ]; then
     args=(); for s in $PROFILE; do args+=(--set "$s"); done
@@ -64,9 +65,11 @@ lora)
     "paratrain compiled, bf16=transformers + peft" \
     "paratrain compiled, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW, bf16=transformers + peft" \
+    "paratrain compiled + fused AdamW, fp8 tensorwise=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac
+done
 python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"
 for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done > "$OUT/torchtitan_logs.txt" 2>/dev/null
 for f in /tmp/runs/*/*/log.txt; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|warn" "$f" | tail -6; done > "$OUT/logs.txt" 2>/dev/null

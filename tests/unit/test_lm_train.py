@@ -236,12 +236,13 @@ def test_sdpa_backend_sets_the_kernel_priority_for_the_run(tmp_path, monkeypatch
 
 
 def test_fp8_base_layers_train_the_adapters_like_full_precision(tmp_path, monkeypatch):
-    """model.fp8: the frozen decoder linears become torchao Float8Linear (lm_head does not),
-    peft's adapters wrap them, only the adapters change, and the loss follows the fp32 run."""
+    """model.fp8: the frozen decoder linears become float8 layers (torchao's, cast once:
+    fp8_frozen.py; lm_head stays), peft's adapters wrap them, only the adapters change, and the
+    loss follows the fp32 run."""
     import pytest
 
     pytest.importorskip("torchao")
-    from torchao.float8.float8_linear import Float8Linear
+    from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear as Float8Linear
 
     seen = capture_workload(monkeypatch)
     data = write_alpaca(tmp_path / "alpaca.json")
@@ -258,6 +259,35 @@ def test_fp8_base_layers_train_the_adapters_like_full_precision(tmp_path, monkey
     a, b = plain["summary"]["train_loss"], fp8["summary"]["train_loss"]
     assert abs(a - b) < 0.05 * a and a != b, (a, b)  # float8 rounding, not another model
     assert fp8["workload"]["fp8"] == "rowwise"
+
+
+def test_frozen_fp8_layers_train_as_torchao_does_bit_for_bit(tmp_path, monkeypatch):
+    """LoRA's frozen base weights cast to float8 once (fp8_frozen.py) give the same losses and
+    adapters as torchao's Float8Linear casting them every step: same scales, same values."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear
+
+    data = write_alpaca(tmp_path / "alpaca.json")
+    common = lm_settings(data) + ["train.max_steps=3", "train.eval=false", "model.fp8=tensorwise"]
+    seen = capture_workload(monkeypatch)
+    once = train(load_config(None, common + [f"output_dir={tmp_path / 'once'}"]))
+    kinds = {type(m) for m in seen["model"].modules()}
+    assert FrozenFloat8Linear in kinds and Float8Linear not in kinds
+    adapters_once = {n: p.detach().clone() for n, p in seen["model"].named_parameters() if p.requires_grad}
+    monkeypatch.setattr(lm_task, "freeze_fp8", lambda model: model)  # torchao's layers as they are
+    each = train(load_config(None, common + [f"output_dir={tmp_path / 'each'}"]))
+    kinds = {type(m) for m in seen["model"].modules()}
+    assert Float8Linear in kinds and FrozenFloat8Linear not in kinds
+    adapters_each = {n: p.detach() for n, p in seen["model"].named_parameters() if p.requires_grad}
+    assert once["summary"]["train_loss"] == each["summary"]["train_loss"]
+    assert adapters_once.keys() == adapters_each.keys()
+    assert all(torch.equal(adapters_once[n], adapters_each[n]) for n in adapters_once)
+    changed = [n for n in adapters_once if not torch.equal(adapters_once[n], seen["before"][n])]
+    assert changed  # the adapters trained: not two runs that did nothing
 
 
 def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):

@@ -14,6 +14,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
+from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
@@ -231,6 +232,10 @@ def build_model(ctx: BuildContext):
     model = apply_kernels(model, m.kernels, device)
     model = apply_fp8(model, m.fp8, device)
     model = apply_lora(model, cfg.lora).to(device)
+    if m.fp8 != "none" and cfg.lora.enabled and not {"fsdp", "tp"} & ctx.layout.uses:
+        # the frozen base weights in float8 once, not each step (fp8_frozen.py); where ranks
+        # hold shards, the shards' all-gather decides what is cast: torchao's layers stay
+        model = freeze_fp8(model)
     compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
     if m.loss_chunk_tokens or m.kernels != "none" or ctx.layout.tp_enabled or compiled_loss:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;

@@ -1,0 +1,121 @@
+"""Frozen float8 base layers: LoRA's base weights cast to float8 once, not on every step.
+
+torchao's Float8Linear casts its weight to float8 in every forward and again in every backward
+(an amax reduction and a cast over each weight: for the 8B shape about 7e9 bf16 values read
+several times a step), because it is built for weights that change. Under LoRA the base weights
+never change, so their float8 forms are made once here, with torchao's own cast and the layer's
+own torchao config (the same scales, the same float8 values, the same matmul settings: the
+numerics of Float8Linear, bit for bit). The backward computes only the input's gradient (there
+is no weight gradient to compute) and keeps no activation for it.
+
+Each weight is held twice in float8, once per matmul layout (the forward wants W^T column-major,
+the input gradient W column-major; torchao would copy it otherwise), beside the bf16 weight the
+state dict still shows. Applied only where each rank holds whole weights (not under FSDP's or
+tensor parallelism's shards: tasks/causal_lm.py decides).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _cast(hp: torch.Tensor, cast_config, mm_config, role, axis: int, config):
+    from torchao.float8.float8_scaling_utils import (
+        get_maybe_axiswise_dim,
+        hp_tensor_to_float8_dynamic,
+    )
+
+    return hp_tensor_to_float8_dynamic(
+        hp,
+        cast_config.target_dtype,
+        mm_config,
+        gemm_input_role=role,
+        scaling_granularity=cast_config.scaling_granularity,
+        axiswise_dim=get_maybe_axiswise_dim(axis, cast_config.scaling_granularity),
+        round_scales_to_power_of_2=config.round_scales_to_power_of_2,
+    )
+
+
+class _FrozenFloat8MM(torch.autograd.Function):
+    """y = x @ W^T with W already in float8; the backward returns only dL/dx."""
+
+    @staticmethod
+    def forward(ctx, x, w_out, w_grad_in, mm_config, config):
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        ctx.save_for_backward(w_grad_in)
+        ctx.mm_config, ctx.config = mm_config, config
+        # the axis of Float8Linear's input cast (per row of x for rowwise scaling)
+        x8 = _cast(x, config.cast_config_input, mm_config, GemmInputRole.INPUT, -1, config)
+        flat = x8.reshape(-1, x8.shape[-1])
+        return torch.mm(flat, w_out).reshape(*x.shape[:-1], w_out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        (w_grad_in,) = ctx.saved_tensors
+        c = ctx.config
+        flat = grad.reshape(-1, grad.shape[-1])
+        g8 = _cast(flat, c.cast_config_grad_output, ctx.mm_config, GemmInputRole.GRAD_OUTPUT, -1, c)
+        grad_in = torch.mm(g8, w_grad_in.t())
+        return grad_in.reshape(*grad.shape[:-1], grad_in.shape[-1]), None, None, None, None
+
+
+class FrozenFloat8Linear(nn.Linear):
+    """A torchao Float8Linear whose weight does not train, with that weight in float8 once.
+
+    An nn.Linear (peft and the model's spec see a linear layer) that shares the original layer's
+    Parameters, so the state dict, checkpoints and LoRA merges see the bf16 weight unchanged."""
+
+    def __init__(self, layer: nn.Linear):
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a second weight
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias
+        self.config, self.linear_mm_config = layer.config, layer.linear_mm_config
+        self.recast()
+        # a load into the module (not a DCP resume: frozen weights are not checkpointed) would
+        # leave stale float8 copies; make them again
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.recast())
+
+    @torch.no_grad()
+    def recast(self) -> None:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        c, mm, w = self.config, self.linear_mm_config, self.weight
+        # Float8Linear's two weight casts: for the output (W^T, column-major as torch.mm's
+        # second operand wants) and for the input's gradient (W^T row-major, whose transpose
+        # is the column-major W the backward's matmul wants)
+        self._w_out = _cast(w.t(), c.cast_config_weight, mm, GemmInputRole.WEIGHT, 0, c)
+        self._w_grad_in = _cast(
+            w.t().contiguous(), c.cast_config_weight_for_grad_input, mm, GemmInputRole.WEIGHT, -1, c
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the output's dtype
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        out = _FrozenFloat8MM.apply(
+            x, self._w_out, self._w_grad_in, self.linear_mm_config, self.config
+        )
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float8 once"
+
+
+def freeze_fp8(model: nn.Module) -> nn.Module:
+    """Swap every torchao Float8Linear whose weight does not train for a FrozenFloat8Linear."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, Float8Linear) and not child.weight.requires_grad
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, FrozenFloat8Linear(child))
+    return model
