@@ -36,7 +36,7 @@ full)
     timeout 240 python3 -m paratrain run recipes/llama3.2_1b_full_random.yaml "${args[@]}" --set train.profile_steps=3 --set log.progress=false --output-dir /tmp/profile 2>&1 | tail -3
     cp /tmp/profile/profile.txt "$OUT/profile.txt"
   fi
-  eval "only=(${ONLY:-torchtitan \"paratrain compiled\"})"; flags=()
+  eval "only=(${ONLY_FULL:-${ONLY:-torchtitan \"paratrain compiled\"}})"; flags=()
   for o in "${only[@]}"; do flags+=(--only "$o"); done
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/full_speed.yaml "${flags[@]}" ${BENCH_FLAGS:-} \
@@ -55,7 +55,7 @@ profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile
   done
   ;;
 lora)
-  eval "only=(${ONLY:-\"transformers + peft\" \"paratrain compiled,\"})"; flags=()
+  eval "only=(${ONLY_LORA:-${ONLY:-\"transformers + peft\" \"paratrain compiled,\"}})"; flags=()
   for o in "${only[@]}"; do flags+=(--only "$o"); done
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/lora_speed.yaml --grid launch.nproc=1 \
@@ -66,6 +66,8 @@ lora)
     "paratrain compiled, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW, bf16=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 tensorwise=transformers + peft" \
+    "paratrain compiled + fused AdamW + CUDA graphs, bf16=transformers + peft" \
+    "paratrain compiled + fused AdamW + CUDA graphs, fp8 tensorwise=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac

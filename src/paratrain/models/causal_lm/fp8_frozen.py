@@ -37,30 +37,42 @@ def _cast(hp: torch.Tensor, cast_config, mm_config, role, axis: int, config):
     )
 
 
+def _weight(data, scale, axis, dtype, mm_config):
+    """The float8 weight as torchao's tensor, made inside the step from plain tensors: a tensor
+    subclass among a compiled graph's inputs costs host time on every call (its flattening in
+    the runtime wrapper); plain ones do not."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+
+    return Float8TrainingTensor(data, scale, dtype, mm_config, GemmInputRole.WEIGHT, axis)
+
+
 class _FrozenFloat8MM(torch.autograd.Function):
     """y = x @ W^T with W already in float8; the backward returns only dL/dx."""
 
     @staticmethod
-    def forward(ctx, x, w_out, w_grad_in, mm_config, config):
+    def forward(ctx, x, out_data, out_scale, gin_data, gin_scale, meta):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        ctx.save_for_backward(w_grad_in)
-        ctx.mm_config, ctx.config = mm_config, config
+        mm_config, config, dtype, out_axis, gin_axis = meta
+        ctx.save_for_backward(gin_data, gin_scale)
+        ctx.meta = meta
         # the axis of Float8Linear's input cast (per row of x for rowwise scaling)
         x8 = _cast(x, config.cast_config_input, mm_config, GemmInputRole.INPUT, -1, config)
+        w = _weight(out_data, out_scale, out_axis, dtype, mm_config)
         flat = x8.reshape(-1, x8.shape[-1])
-        return torch.mm(flat, w_out).reshape(*x.shape[:-1], w_out.shape[-1])
+        return torch.mm(flat, w).reshape(*x.shape[:-1], w.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        (w_grad_in,) = ctx.saved_tensors
-        c = ctx.config
+        gin_data, gin_scale = ctx.saved_tensors
+        mm_config, c, dtype, _, gin_axis = ctx.meta
         flat = grad.reshape(-1, grad.shape[-1])
-        g8 = _cast(flat, c.cast_config_grad_output, ctx.mm_config, GemmInputRole.GRAD_OUTPUT, -1, c)
-        grad_in = torch.mm(g8, w_grad_in.t())
-        return grad_in.reshape(*grad.shape[:-1], grad_in.shape[-1]), None, None, None, None
+        g8 = _cast(flat, c.cast_config_grad_output, mm_config, GemmInputRole.GRAD_OUTPUT, -1, c)
+        w = _weight(gin_data, gin_scale, gin_axis, dtype, mm_config)
+        grad_in = torch.mm(g8, w.t())
+        return grad_in.reshape(*grad.shape[:-1], grad_in.shape[-1]), None, None, None, None, None
 
 
 class FrozenFloat8Linear(nn.Linear):
@@ -87,16 +99,24 @@ class FrozenFloat8Linear(nn.Linear):
         # Float8Linear's two weight casts: for the output (W^T, column-major as torch.mm's
         # second operand wants) and for the input's gradient (W^T row-major, whose transpose
         # is the column-major W the backward's matmul wants)
-        self._w_out = _cast(w.t(), c.cast_config_weight, mm, GemmInputRole.WEIGHT, 0, c)
-        self._w_grad_in = _cast(
+        w_out = _cast(w.t(), c.cast_config_weight, mm, GemmInputRole.WEIGHT, 0, c)
+        w_gin = _cast(
             w.t().contiguous(), c.cast_config_weight_for_grad_input, mm, GemmInputRole.WEIGHT, -1, c
         )
+        # plain tensors kept (see _weight); not buffers: module.to(dtype) would cast them
+        self._out_data, self._out_scale = w_out._data, w_out._scale
+        self._gin_data, self._gin_scale = w_gin._data, w_gin._scale
+        self._meta = (mm, c, w.dtype, w_out._axiswise_dim, w_gin._axiswise_dim)
+        # fixed addresses, as parameters have: CUDA graphs (compile mode reduce-overhead) then
+        # read them where they lie instead of copying them into the graph's inputs each replay
+        for t in (self._out_data, self._out_scale, self._gin_data, self._gin_scale):
+            torch._dynamo.mark_static_address(t)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the output's dtype
             x = x.to(torch.get_autocast_dtype(x.device.type))
         out = _FrozenFloat8MM.apply(
-            x, self._w_out, self._w_grad_in, self.linear_mm_config, self.config
+            x, self._out_data, self._out_scale, self._gin_data, self._gin_scale, self._meta
         )
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
