@@ -357,3 +357,39 @@ def test_torchtitan_peer_trains_the_same_rows_as_paratrain(tmp_path):
     theirs = s["losses"][30:]
     a, b = sum(ours) / len(ours), sum(theirs) / len(theirs)
     assert abs(a - b) < 0.02 * b and b < math.log(320), (a, b)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_frozen_fp8_layers_match_torchao_on_the_gpu(recipe):
+    """fp8_frozen.py on CUDA's float8 matmuls (cuBLAS / CUTLASS, not the CPU's): the output and
+    the input's gradient equal torchao's Float8Linear, eager and compiled, under bf16 autocast."""
+    import copy
+
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9+")
+    from torch import nn
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear, freeze_fp8
+
+    torch.manual_seed(0)
+    dims = [256, 512, 256]
+    base = nn.Sequential(*[nn.Linear(a, b, bias=False) for a, b in zip(dims, dims[1:])])
+    base = base.to("cuda", torch.bfloat16).requires_grad_(False)
+    convert_to_float8_training(base, config=Float8LinearConfig.from_recipe_name(recipe))
+    frozen = freeze_fp8(copy.deepcopy(base))
+    assert all(isinstance(m, FrozenFloat8Linear) for m in frozen)
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for compiled in (False, True):
+        got = []
+        for model in (base, frozen):
+            run = torch.compile(model) if compiled else model
+            for _ in range(2 if compiled else 1):  # compile, then the measured pass
+                x.grad = None
+                with torch.autocast("cuda", torch.bfloat16):
+                    y = run(x)
+                y.float().square().sum().backward()
+            got.append((y.detach(), x.grad.clone()))
+        (y0, g0), (y1, g1) = got
+        assert torch.equal(y0, y1) and torch.equal(g0, g1), (compiled, (y0 - y1).abs().max())
