@@ -374,8 +374,7 @@ def test_frozen_fp8_layers_match_torchao_on_the_gpu(recipe):
     from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear, freeze_fp8
 
     torch.manual_seed(0)
-    dims = [256, 512, 256]
-    base = nn.Sequential(*[nn.Linear(a, b, bias=False) for a, b in zip(dims, dims[1:])])
+    base = nn.Sequential(nn.Linear(256, 512, bias=False), nn.Linear(512, 256, bias=False))
     base = base.to("cuda", torch.bfloat16).requires_grad_(False)
     convert_to_float8_training(base, config=Float8LinearConfig.from_recipe_name(recipe))
     frozen = freeze_fp8(copy.deepcopy(base))
