@@ -292,6 +292,25 @@ def test_frozen_fp8_layers_train_as_torchao_does_bit_for_bit(tmp_path, monkeypat
     assert changed  # the adapters trained: not two runs that did nothing
 
 
+def test_frozen_fp8_copies_follow_the_layer_to_another_device():
+    """strategy split moves layers to other GPUs after the build: the float8 copies (plain
+    attributes, not Parameters) are made again where the weight went."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
+
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64, bias=False)).requires_grad_(False)
+    convert_to_float8_training(m, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    layer = freeze_fp8(m)[0]
+    assert layer._out_data.dtype == torch.float8_e4m3fn
+    m.to("meta")
+    copies = (layer._out_data, layer._out_scale, layer._gin_data, layer._gin_scale)
+    assert layer.weight.is_meta and all(t.is_meta for t in copies)
+
+
 def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):
     import sys
 

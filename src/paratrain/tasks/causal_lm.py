@@ -232,9 +232,10 @@ def build_model(ctx: BuildContext):
     model = apply_kernels(model, m.kernels, device)
     model = apply_fp8(model, m.fp8, device)
     model = apply_lora(model, cfg.lora).to(device)
-    if m.fp8 != "none" and cfg.lora.enabled and not {"fsdp", "tp"} & ctx.layout.uses:
+    if m.fp8 != "none" and cfg.lora.enabled and not {"fsdp", "tp", "pp"} & ctx.layout.uses:
         # the frozen base weights in float8 once, not each step (fp8_frozen.py); where ranks
-        # hold shards, the shards' all-gather decides what is cast: torchao's layers stay
+        # hold shards, the shards' all-gather decides what is cast, and a pipeline rank would
+        # cast every layer before its stage is cut out: torchao's layers stay there
         model = freeze_fp8(model)
     compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
     if m.loss_chunk_tokens or m.kernels != "none" or ctx.layout.tp_enabled or compiled_loss:

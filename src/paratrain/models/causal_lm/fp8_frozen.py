@@ -10,8 +10,9 @@ is no weight gradient to compute) and keeps no activation for it.
 
 Each weight is held twice in float8, once per matmul layout (the forward wants W^T column-major,
 the input gradient W column-major; torchao would copy it otherwise), beside the bf16 weight the
-state dict still shows. Applied only where each rank holds whole weights (not under FSDP's or
-tensor parallelism's shards: tasks/causal_lm.py decides).
+state dict still shows. Applied only where each rank holds whole weights and builds only what
+it keeps (not under FSDP's or tensor parallelism's shards, nor pipeline stages, which are cut
+from the whole model after it is built: tasks/causal_lm.py decides).
 """
 
 from __future__ import annotations
@@ -112,9 +113,17 @@ class FrozenFloat8Linear(nn.Linear):
         for t in (self._out_data, self._out_scale, self._gin_data, self._gin_scale):
             torch._dynamo.mark_static_address(t)
 
+    def _apply(self, fn, recurse=True):
+        # .to(device) / .cuda() move the Parameters (strategy split puts layers on other GPUs);
+        # the float8 copies are plain attributes, so they are made again where the weight is now
+        super()._apply(fn, recurse)
+        self.recast()
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the output's dtype
-            x = x.to(torch.get_autocast_dtype(x.device.type))
+        # exactly Float8Linear's check: CUDA's autocast only (the output's dtype)
+        if torch.is_autocast_enabled("cuda"):
+            x = x.to(torch.get_autocast_dtype("cuda"))
         out = _FrozenFloat8MM.apply(
             x, self._out_data, self._out_scale, self._gin_data, self._gin_scale, self._meta
         )
@@ -127,15 +136,32 @@ class FrozenFloat8Linear(nn.Linear):
 
 
 def freeze_fp8(model: nn.Module) -> nn.Module:
-    """Swap every torchao Float8Linear whose weight does not train for a FrozenFloat8Linear."""
+    """Swap every torchao Float8Linear whose weight does not train for a FrozenFloat8Linear
+    (dynamic scaling, as model.fp8's recipes set it; any other torchao setting keeps its layer)."""
     from torchao.float8.float8_linear import Float8Linear
 
     swaps = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, Float8Linear) and not child.weight.requires_grad
+        if isinstance(child, Float8Linear) and not child.weight.requires_grad and _plain(child)
     ]
     for parent, name, child in swaps:
         setattr(parent, name, FrozenFloat8Linear(child))
     return model
+
+
+def _plain(layer: nn.Module) -> bool:
+    """Dynamic scaling of input, weight and gradient, no float8 all-gather: what this file
+    reproduces (torchao's other modes keep their own layer)."""
+    from torchao.float8.config import ScalingType
+
+    c = layer.config
+    casts = (
+        c.cast_config_input,
+        c.cast_config_weight,
+        c.cast_config_grad_output,
+        c.cast_config_weight_for_grad_input,
+    )
+    dynamic = all(cast.scaling_type is ScalingType.DYNAMIC for cast in casts)
+    return dynamic and not c.enable_fsdp_float8_all_gather
