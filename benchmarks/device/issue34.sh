@@ -7,6 +7,7 @@
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
 #     PROFILE="<paratrain --set args>" first profiles one paratrain row (profile.txt back).
+# ONLY_LORA / ONLY_FULL pick rows for one mode when MODE names both.
 # Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
 # (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
 # TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back).
