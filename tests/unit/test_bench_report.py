@@ -312,7 +312,10 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
     assert len(more.runs) == (2 * 2 + 4) * 3
     # repeat 0 is the run already stored: a report then has three to take the median of
     assert {r.key for r in more.runs if r.repeat == 0} < {r.key for r in base.runs}
-    with pytest.raises(ConfigError, match="--only: no variant's label contains 'fsdq'"):
+    # "=label" keeps the one row of that label, not the rows whose labels contain it
+    exact = load_sweep(path, only=["=transformers + PEFT"])
+    assert {r.label for r in exact.runs} == {"transformers + peft"}
+    with pytest.raises(ConfigError, match="--only: no variant's label matches 'fsdq'"):
         load_sweep(path, only=["fsdq"])
     with pytest.raises(ConfigError, match="--repeats"):
         load_sweep(path, repeats=0)

@@ -143,10 +143,16 @@ def _only(variants: list, texts: list[str]) -> list:
     def label(v: Any) -> str:
         return str(v.get("label", v.get("program", "paratrain"))) if isinstance(v, dict) else ""
 
-    kept = [v for v in variants if any(t.lower() in label(v).lower() for t in texts)]
+    def picked(name: str, text: str) -> bool:
+        # "=label": that label exactly (one row whose label others contain); else a part of it
+        if text.startswith("="):
+            return name.lower() == text[1:].lower()
+        return text.lower() in name.lower()
+
+    kept = [v for v in variants if any(picked(label(v), t) for t in texts)]
     if not kept:
         raise ConfigError(
-            f"--only: no variant's label contains {' or '.join(map(repr, texts))}; labels: "
+            f"--only: no variant's label matches {' or '.join(map(repr, texts))}; labels: "
             + ", ".join(repr(label(v)) for v in variants)
         )
     return kept

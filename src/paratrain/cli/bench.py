@@ -33,7 +33,7 @@ def add(sub) -> None:
         action="append",
         default=[],
         metavar="TEXT",
-        help="only the variants whose label contains TEXT (repeatable)",
+        help="only the variants whose label contains TEXT, or is exactly TEXT after a leading = (repeatable)",
     )
     bench.set_defaults(func=command)
 
