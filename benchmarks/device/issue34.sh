@@ -7,7 +7,8 @@
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
 #     PROFILE="<paratrain --set args>" first profiles one paratrain row (profile.txt back).
-# ONLY_LORA / ONLY_FULL pick rows for one mode when MODE names both.
+# ONLY_LORA / ONLY_FULL pick rows for one mode when MODE names both; "=label" picks one row exactly.
+# Back per mode: rows_<mode>.md, bench_<mode>.log, results_<mode>.db.
 # Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
 # (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
 # TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back).
@@ -25,11 +26,11 @@ for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kerne
     except md.PackageNotFoundError: print(p, "absent")
 PY
 echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1; cat "$OUT/machine.txt"
-DB=/tmp/results.db
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
   timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
 for mode in ${MODE:-full}; do  # MODE="lora profile": both, in this order
+DB=/tmp/results_$mode.db  # one per mode: rows_<mode>.md compares a mode's rows only
 case $mode in
 full)
   if [ -n "${PROFILE:-}" ]; then
@@ -41,10 +42,11 @@ full)
   for o in "${only[@]}"; do flags+=(--only "$o"); done
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/full_speed.yaml "${flags[@]}" ${BENCH_FLAGS:-} \
-    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench.log" | tail -20
-  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "torchtitan compiled" \
+    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
+  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "torchtitan compiled" \
     "paratrain compiled=torchtitan compiled" \
-    "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise"
+    "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise" \
+    "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise"
   ;;
 profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
   for entry in ${PROFILES:-}; do
@@ -61,18 +63,22 @@ lora)
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/lora_speed.yaml --grid launch.nproc=1 \
     "${flags[@]}" ${BENCH_FLAGS:-} \
-    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench.log" | tail -20
-  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows.md" "transformers + peft" \
+    --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
+  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "transformers + peft" \
     "paratrain compiled, bf16=transformers + peft" \
     "paratrain compiled, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW, bf16=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW + CUDA graphs, bf16=transformers + peft" \
     "paratrain compiled + fused AdamW + CUDA graphs, fp8 tensorwise=transformers + peft" \
+    "paratrain compiled + fused AdamW, fp8 rowwise=transformers + peft" \
+    "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac
 done
-python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $DB "$OUT/results.db"
+for db in /tmp/results_*.db; do
+  python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $db "$OUT/$(basename $db)"
+done
 for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done > "$OUT/torchtitan_logs.txt" 2>/dev/null
 for f in /tmp/runs/*/*/log.txt; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|warn" "$f" | tail -6; done > "$OUT/logs.txt" 2>/dev/null

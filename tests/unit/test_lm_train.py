@@ -414,3 +414,43 @@ def test_the_compiled_loss_takes_only_a_plain_lm_head():
     adapted = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
     assert not plain_head(adapted)
     assert plain_head(get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"])))
+
+
+def test_fp8_lm_head_puts_the_logits_matmul_in_float8():
+    """model.fp8_lm_head: lm_head becomes torchao's Float8Linear, and the compiled-loss wrapper
+    calls that layer (not hidden @ weight.T in high precision): its loss is the model's own loss
+    through the float8 head, not the high-precision head's, and lm_head's weight trains."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.kernels import apply_fp8
+    from paratrain.models.causal_lm.loss import ChunkedLossLM, float8_head, plain_head
+
+    torch.manual_seed(0)
+    base = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, "cpu")
+    ids = torch.randint(0, base.config.vocab_size, (2, 32))
+    with torch.no_grad():
+        high = base(input_ids=ids, labels=ids).loss
+    model = apply_fp8(base, "tensorwise", torch.device("cpu"), lm_head=True)
+    assert isinstance(model.lm_head, Float8Linear)
+    assert float8_head(model) and not plain_head(model)
+    wrapped = ChunkedLossLM(model, 0)
+    loss = wrapped(input_ids=ids, labels=ids).loss
+    own = model(input_ids=ids, labels=ids).loss  # transformers' loss through the same layer
+    torch.testing.assert_close(loss, own)
+    assert loss.item() != high.item()  # float8's rounding: the head did multiply in float8
+    assert abs(loss.item() - high.item()) < 0.02 * high.item()
+    loss.backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_fp8_lm_head_needs_fp8():
+    import pytest
+
+    from paratrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fp8_lm_head: needs model.fp8"):
+        load_config(None, ["task=causal_lm", "model.fp8_lm_head=true", "model.shape=tiny"])

@@ -83,7 +83,7 @@ def for_task(config: dict[str, Any], task: str) -> dict[str, Any]:
     if task == "custom":  # the objects came from Python: no model or data source is read
         drop["data"] = (*data.IMAGE_ONLY, *data.TEXT_ONLY, "source", "path", "limit_samples")
     if task in BERT:  # BERT: no LoRA, Liger, fp8 or packing
-        drop["model"] = (*model.IMAGE_ONLY, "kernels", "fp8", "loss_chunk_tokens")
+        drop["model"] = (*model.IMAGE_ONLY, "kernels", "fp8", "fp8_lm_head", "loss_chunk_tokens")
         drop["data"] = (*data.IMAGE_ONLY, "packing")
     gone = {"lora", "model"} if task == "custom" else set() if task == "causal_lm" else {"lora"}
     if task != "gan":

@@ -13,7 +13,7 @@ IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
 IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_batchnorm")
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
-LM_ONLY += ("kernels", "fp8")
+LM_ONLY += ("kernels", "fp8", "fp8_lm_head")
 
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|timm:[\w.\-]+")
 
@@ -67,6 +67,10 @@ class ModelConfig:
     dtype. Pair with train.compile: eagerly, torchao's backward also computes the frozen weights'
     gradients (3 matmuls per layer instead of 2); compiled, they are dropped (tested). pip install
     torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU."""
+    fp8_lm_head: bool = False
+    """Language model with model.fp8: lm_head multiplies in float8 too (the logits' matmul, about
+    a fifth of the Llama-3.2-1B shape's FLOPs). Off by default, as torchao and torchtitan advise:
+    the logits then carry float8's rounding; compare the loss curve before keeping it."""
 
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:
@@ -74,6 +78,8 @@ class ModelConfig:
                 "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny, gpt2, tiny-gpt2) "
                 "or a path"
             )
+        if self.fp8_lm_head and self.fp8 == "none":
+            raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise or rowwise)")
         if self.shift_add_min_side < 0:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:

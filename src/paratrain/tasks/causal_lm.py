@@ -17,7 +17,12 @@ from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
-from paratrain.models.causal_lm.loss import ChunkedLossLM, next_token_loss_sum, plain_head
+from paratrain.models.causal_lm.loss import (
+    ChunkedLossLM,
+    float8_head,
+    next_token_loss_sum,
+    plain_head,
+)
 from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
 from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
 
@@ -230,14 +235,15 @@ def build_model(ctx: BuildContext):
     # the KV cache is for generation; training only wastes memory on it
     model.config.use_cache = False
     model = apply_kernels(model, m.kernels, device)
-    model = apply_fp8(model, m.fp8, device)
+    model = apply_fp8(model, m.fp8, device, lm_head=m.fp8_lm_head)
     model = apply_lora(model, cfg.lora).to(device)
     if m.fp8 != "none" and cfg.lora.enabled and not {"fsdp", "tp", "pp"} & ctx.layout.uses:
         # the frozen base weights in float8 once, not each step (fp8_frozen.py); where ranks
         # hold shards, the shards' all-gather decides what is cast, and a pipeline rank would
         # cast every layer before its stage is cut out: torchao's layers stay there
         model = freeze_fp8(model)
-    compiled_loss = cfg.train.compile and plain_head(model)  # else the model's own loss
+    # else the model's own loss
+    compiled_loss = cfg.train.compile and (plain_head(model) or float8_head(model))
     if m.loss_chunk_tokens or m.kernels != "none" or ctx.layout.tp_enabled or compiled_loss:
         # under TP the wrapper computes lm_head + loss itself: from vocabulary-sharded logits;
         # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)

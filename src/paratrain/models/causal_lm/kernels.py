@@ -73,11 +73,13 @@ def check_fp8(recipe: str, device: torch.device | str) -> None:
         )
 
 
-def apply_fp8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
+def apply_fp8(
+    model: nn.Module, recipe: str, device: torch.device, lm_head: bool = False
+) -> nn.Module:
     """Swap the decoder's nn.Linear layers for torchao's Float8Linear (before LoRA wraps them:
     peft then adds its adapters around the float8 base layers). lm_head stays in high precision,
-    as torchao and torchtitan advise for the output layer; so do layers whose sizes are not
-    multiples of 16, which float8 matmuls cannot take."""
+    as torchao and torchtitan advise for the output layer, unless `lm_head` (model.fp8_lm_head);
+    layers whose sizes are not multiples of 16, which float8 matmuls cannot take, always do."""
     if recipe == "none":
         return model
     check_fp8(recipe, device)
@@ -86,7 +88,7 @@ def apply_fp8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
     def eligible(module: nn.Module, name: str) -> bool:
         return (
             isinstance(module, nn.Linear)
-            and "lm_head" not in name
+            and (lm_head or "lm_head" not in name)
             and module.in_features % 16 == 0
             and module.out_features % 16 == 0
         )

@@ -42,9 +42,28 @@ def _plain_head(base: nn.Module) -> bool:
     """lm_head is logits = hidden @ weight.T and nothing else: a bias-free nn.Linear (not peft's
     LoRA layer, not a tensor-parallel DTensor) and no logit scaling or soft-capping in the
     model's config (Gemma, Granite, Cohere): then WholeLoss computes what the model would."""
+    head = base.lm_head
+    # FSDP2 subclasses nn.Linear keeping its forward; torchao's float8 layers replace it
+    return isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward and _bare(base)
+
+
+def float8_head(model: nn.Module) -> bool:
+    """lm_head is a float8 linear layer (model.fp8_lm_head: torchao's Float8Linear, or
+    fp8_frozen's under LoRA) and nothing else: WholeLoss then calls the layer itself."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _float8_head(base)
+
+
+def _float8_head(base: nn.Module) -> bool:
+    head = base.lm_head
+    return hasattr(head, "linear_mm_config") and _bare(base)
+
+
+def _bare(base: nn.Module) -> bool:
+    """lm_head without a bias, not a DTensor, and no logit scaling or soft-capping."""
     head, config = base.lm_head, base.config
     return (
-        isinstance(head, nn.Linear)  # FSDP2 and torchao subclass it; peft's LoRA layer does not
+        isinstance(head, nn.Linear)  # peft's LoRA layer is not one
         and head.bias is None
         and not _is_dtensor(head.weight)
         and not getattr(config, "final_logit_softcapping", None)
@@ -67,8 +86,10 @@ class WholeLoss(nn.Module):
     tensors again; compiled, the upcast, log-sum-exp and gather fuse into one pass over the bf16
     logits (8 ms of a 137 ms step for the Llama-3.2-1B shape at 4 x 2,048 on one H200)."""
 
-    def forward(self, hidden, labels, weight):
-        return next_token_loss(hidden @ weight.t(), labels)
+    def forward(self, hidden, labels, weight, head=None):
+        # head: a float8 lm_head layer (model.fp8_lm_head), called for its float8 matmul
+        logits = hidden @ weight.t() if head is None else head(hidden)
+        return next_token_loss(logits, labels)
 
 
 class ChunkLoss(nn.Module):
@@ -170,6 +191,8 @@ class ChunkedLossLM(nn.Module):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
         elif not self.chunk and _plain_head(base):
             loss = self.whole_loss(hidden, labels, base.lm_head.weight)
+        elif not self.chunk and _float8_head(base):
+            loss = self.whole_loss(hidden, labels, base.lm_head.weight, base.lm_head)
         elif not self.chunk:  # tensor parallel: lm_head's DTensor output under loss_parallel
             loss = next_token_loss(base.lm_head(hidden), labels)
         else:
