@@ -1,9 +1,12 @@
-"""The torchtitan peer (issue 34): paratrain's config in torchtitan's terms, its log read back,
-and the program skipped where torchtitan is not installed. The spec module's own test runs only
-where torchtitan is importable (it is not a dependency); the full run is a GPU test (torchtitan
-trains on CUDA only)."""
+"""The torchtitan peer (issue 34): paratrain's config in torchtitan's terms (its 0.2 command line
+and its 0.3 Trainer.Config values, picked by the installed version), its log read back, and the
+program skipped where torchtitan is not installed. The spec module's own test runs only where
+torchtitan 0.2 is importable, the 0.3 config module's only where 0.3 is (it is not a
+dependency); the full run is a GPU test (torchtitan trains on CUDA only)."""
 
 import importlib.util
+import json
+import math
 import subprocess
 import sys
 
@@ -15,6 +18,7 @@ from paratrain.config import load_config, to_yaml
 
 RECIPE = "recipes/llama3.2_1b_full_random.yaml"
 HAS_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
+TT_API = tt.api(tt.installed_version()) if HAS_TORCHTITAN else None
 
 
 def torchtitan_hidden(dim: int, mult: float, multiple: int) -> int:
@@ -104,7 +108,7 @@ def test_peer_is_skipped_without_torchtitan(tmp_path):
     assert proc.returncode == 3 and "skipped: torchtitan is not installed" in proc.stderr
 
 
-@pytest.mark.skipif(not HAS_TORCHTITAN, reason="torchtitan is not installed")
+@pytest.mark.skipif(TT_API != "v02", reason="torchtitan 0.2 is not installed")
 def test_spec_builds_torchtitans_model_of_the_shape_and_paratrains_rows(tmp_path, monkeypatch):
     """torchtitan's own Transformer built from the spec on the CPU: as many weights as the
     transformers model of the tiny shape, plus the untied output layer; rows of seq_len + 1."""
@@ -132,3 +136,163 @@ def test_spec_builds_torchtitans_model_of_the_shape_and_paratrains_rows(tmp_path
     inputs, labels = next(iter(spec.build_dataloader_fn(2, 1, None, job)))
     assert inputs["input"].shape == labels.shape == (4, 32)
     torch.testing.assert_close(inputs["input"][:, 1:], labels[:, :-1])
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("0.2.2", "v02"),
+        ("0.2.2+cu128", "v02"),
+        ("0.1.0", "v02"),
+        ("0.3.0", "v03"),
+        ("0.3.1.dev20270101", "v03"),
+        ("1.0.0", "v03"),
+    ],
+)
+def test_the_installed_version_picks_the_interface(version, expected):
+    assert tt.api(version) == expected
+
+
+def test_an_unreadable_version_is_told_by_the_modules(monkeypatch):
+    """A source checkout reports 0.0.0: 0.2's TrainSpec registry (gone in 0.3) decides."""
+    real = importlib.util.find_spec
+
+    def find(name, *args):
+        if name == "torchtitan.protocols.train_spec":
+            return object() if has_registry else None
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find)
+    for has_registry, expected in ((True, "v02"), (False, "v03")):
+        assert tt.api("0.0.0+unknown") == expected and tt.api(None) == expected
+
+
+def test_v03_command_names_the_config_function_and_v02_keeps_its_flags():
+    cfg = load_config(RECIPE)
+    assert tt.command_args(cfg, "/tmp/x", "0.3.0") == [
+        "--module",
+        "paratrain.bench.peers.torchtitan_v03",
+        "--config",
+        "paratrain_run",
+        "--dump_folder=/tmp/x",
+        "--debug.save_config_file=job_config.json",
+    ]
+    old = tt.command_args(cfg, "/tmp/x", "0.2.2")
+    assert old == tt.command_args(cfg, "/tmp/x")  # 0.2's line by default, as before
+    assert "--experimental.custom_import=paratrain.bench.peers.torchtitan_spec" in old
+
+
+def test_v03_settings_follow_the_config():
+    s = tt.settings_v03(load_config(RECIPE))
+    assert s["shape"] == {
+        "dim": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "hidden_dim": 8192,
+        "vocab_size": 128256,
+        "norm_eps": 1e-6,
+        "rope_theta": 500000.0,
+        "rope_scaling": "none",  # paratrain's shapes have none; torchtitan's flavors scale
+        "tie_embeddings": False,  # as the 0.2 peer
+    }
+    assert s["training"] == {
+        "local_batch_size": 8,
+        "seq_len": 2048,
+        "steps": 30,
+        "max_norm": math.inf,  # paratrain unclipped
+        "dtype": "float32",
+        "mixed_precision_param": "bfloat16",
+    }
+    assert s["optimizer"] == {
+        "name": "AdamW",
+        "lr": 0.0003,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "implementation": "fused",
+    }
+    assert s["lr_scheduler"] == {
+        "warmup_steps": 0,
+        "decay_ratio": 0.0,
+        "decay_type": "linear",
+        "min_lr_factor": 0.0,
+    }
+    assert s["compile"] is True and s["float8"] is None and s["activation_checkpoint"] is None
+    assert s["log_freq"] == 10 and s["seed"] == load_config(RECIPE).seed
+    other = tt.settings_v03(
+        load_config(
+            RECIPE,
+            [
+                "model.fp8=tensorwise",
+                "train.max_grad_norm=1.0",
+                "train.lr_schedule=cosine",
+                "train.activation_checkpointing=true",
+                "train.fused_optimizer=false",
+                "train.compile=false",
+                "precision=fp32",
+            ],
+        )
+    )
+    assert other["float8"] == {"recipe_name": "tensorwise", "filter_fqns": ["lm_head"]}
+    assert other["training"]["max_norm"] == 1.0
+    assert other["training"]["mixed_precision_param"] == "float32"
+    assert other["lr_scheduler"]["decay_ratio"] is None
+    assert other["lr_scheduler"]["decay_type"] == "cosine"
+    assert other["activation_checkpoint"] == "full" and other["compile"] is False
+    assert other["optimizer"]["implementation"] == "foreach"
+
+
+def test_v03_needs_a_length_its_chunked_loss_divides():
+    cfg = load_config(RECIPE, ["data.max_length=100"])
+    assert "multiple of 8" in tt.unsupported(cfg, "0.3.0")
+    assert tt.unsupported(cfg, "0.2.2") is None and tt.unsupported(cfg) is None
+
+
+def test_a_log_line_without_mfu_is_read():
+    """torchtitan 0.3 prints no MFU under float8."""
+    line = LOG.format(step=10, loss=9.0, tps=60_000).replace("53.54%", "N/A")
+    (row,) = tt.read_log(line)
+    assert row["step"] == 10 and row["tps"] == 60_000 and row["mfu_pct"] is None
+
+
+@pytest.mark.skipif(TT_API != "v03", reason="torchtitan 0.3 is not installed")
+@pytest.mark.parametrize("shape", ["tiny", "llama3.2-1b"])
+def test_v03_config_builds_torchtitans_model_of_the_shape(shape, tmp_path, monkeypatch):
+    """torchtitan 0.3's own Llama3Model from the config function's Trainer.Config, on the meta
+    device: the transformers model's weights plus the untied output layer; its own parse of
+    the command line keeps the values; the loader gives paratrain's rows with positions."""
+    from paratrain.models.causal_lm.build import building, model_class, shape_config
+
+    cfg = load_config(None, [f"model.shape={shape}", "data.max_length=64", "device=cpu"])
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg))
+    monkeypatch.setenv("PARATRAIN_TT_CONFIG", str(path))
+    monkeypatch.setenv("PARATRAIN_TT_OPTIONS", str(tmp_path / "options.json"))
+    from paratrain.bench.peers.torchtitan_main import stand_in_for_hf_datasets
+
+    stand_in_for_hf_datasets("v03")  # as the peer's entry point does where `datasets` is absent
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(tt.command_args(cfg, str(tmp_path), "0.3.0"))
+    assert config.training.seq_len == 64 and not config.training.disable_cuda_graphs
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    hf_config = shape_config(shape)
+    with building(torch.float32, "meta"):
+        hf = model_class(hf_config)(hf_config)
+    untied = hf_config.vocab_size * hf_config.hidden_size if hf_config.tie_word_embeddings else 0
+    n = sum(p.numel() for p in model.parameters())
+    assert n == sum(p.numel() for p in hf.parameters()) + untied
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    loader = config.dataloader.build(
+        dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=64, local_batch_size=4
+    )
+    inputs, labels = next(iter(loader))
+    assert inputs["input"].shape == inputs["positions"].shape == labels.shape == (4, 64)
+    torch.testing.assert_close(inputs["input"][:, 1:], labels[:, :-1])
+    assert inputs["positions"][2].tolist() == list(range(64))
+    options = json.loads((tmp_path / "options.json").read_text())
+    assert options["cuda_graphs"] and options["attention"] == "FlexAttention"

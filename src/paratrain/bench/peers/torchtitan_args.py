@@ -1,5 +1,10 @@
 """paratrain's run in torchtitan's terms, without importing torchtitan: its model arguments, its
-command line, and what its log says. Pure functions, tested without torchtitan installed."""
+command line, and what its log says. Pure functions, tested without torchtitan installed.
+
+Two torchtitan interfaces, told apart by the installed version (`api`): 0.2.x takes a TOML/CLI
+JobConfig and imports the peer's spec through `--experimental.custom_import` (torchtitan_spec);
+0.3 and later take a Python Trainer.Config from a function named by `--module/--config`
+(torchtitan_v03.paratrain_run, built from `settings_v03`)."""
 
 from __future__ import annotations
 
@@ -16,8 +21,47 @@ from paratrain.config import RunConfig, load_config
 SUPPORTED_PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def unsupported(cfg: RunConfig) -> str | None:
-    """Why torchtitan cannot run this config as paratrain does, or None."""
+V03_MODULE = "paratrain.bench.peers.torchtitan_v03"
+V03_CONFIG = "paratrain_run"
+# torchtitan >= 0.3 splits the sequence into this many chunks for its loss (ChunkedLossWrapper,
+# the loss its Llama configs use); the peer keeps its default
+V03_LOSS_CHUNKS = 8
+
+
+def api(version: str | None) -> str:
+    """"v03" for torchtitan 0.3 and later (Trainer.Config, --module/--config), "v02" before
+    (JobConfig, --experimental.custom_import). None or an unreadable version (a source checkout
+    reports 0.0.0): "v02" where the installed torchtitan has the TrainSpec registry the 0.2 peer
+    uses (torchtitan.protocols.train_spec, gone in 0.3), else "v03"."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    if m and (int(m.group(1)), int(m.group(2))) != (0, 0):
+        return "v03" if (int(m.group(1)), int(m.group(2))) >= (0, 3) else "v02"
+    import importlib.util
+
+    try:
+        v02 = importlib.util.find_spec("torchtitan.protocols.train_spec") is not None
+    except ImportError:  # torchtitan itself absent
+        v02 = False
+    return "v02" if v02 else "v03"
+
+
+def installed_version() -> str | None:
+    """torchtitan's version: its distribution's, else its __version__ (a source checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchtitan")
+    except PackageNotFoundError:
+        try:
+            import torchtitan
+        except ImportError:
+            return None
+        return getattr(torchtitan, "__version__", None)
+
+
+def unsupported(cfg: RunConfig, version: str | None = None) -> str | None:
+    """Why torchtitan cannot run this config as paratrain does, or None (`version`: the
+    installed torchtitan's, for what only one of its interfaces needs)."""
     if cfg.task not in ("causal_lm", "auto") or cfg.data.source != "synthetic-text":
         return "runs the causal_lm task on data.source=synthetic-text"
     if cfg.model.path is not None or cfg.model.shape is None or cfg.lora.enabled:
@@ -37,6 +81,8 @@ def unsupported(cfg: RunConfig) -> str | None:
         # torchtitan logs (and syncs) every log_freq steps: one log at the warm-up's end and
         # whole windows after it, not a sync in every measured step
         return "needs train.max_steps a multiple of train.warmup_steps >= 1 (the measured window)"
+    if version is not None and api(version) == "v03" and cfg.data.max_length % V03_LOSS_CHUNKS:
+        return f"data.max_length a multiple of {V03_LOSS_CHUNKS} (torchtitan's chunked loss)"
     return None
 
 
@@ -76,6 +122,89 @@ def model_args(cfg: RunConfig) -> dict:
     }
 
 
+def shape_v03(cfg: RunConfig) -> dict:
+    """The Llama shape in torchtitan 0.3's terms (its FeedForward takes the hidden size itself).
+    Untied embeddings, as the 0.2 peer (torchtitan's Llama-3.2 flavors tie them in 0.3); RoPE
+    without scaling (paratrain's shapes have none: scaling "none" is torchtitan's identity)."""
+    from paratrain.models.causal_lm.build import shape_config
+
+    c = shape_config(cfg.model.shape, cfg.model.layers)
+    if c.model_type != "llama":
+        raise ValueError(f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes")
+    rope = getattr(c, "rope_parameters", None) or {}
+    return {
+        "dim": c.hidden_size,
+        "n_layers": c.num_hidden_layers,
+        "n_heads": c.num_attention_heads,
+        "n_kv_heads": c.num_key_value_heads,
+        "hidden_dim": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+        "norm_eps": c.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 500000.0)),
+        "rope_scaling": "none",
+        "tie_embeddings": False,
+    }
+
+
+def settings_v03(cfg: RunConfig) -> dict:
+    """What torchtitan 0.3's Trainer.Config is given (torchtitan_v03 builds it from this): the
+    shape, batch, steps, precision, optimizer, schedule, clipping, compile, float8 and log
+    cadence of the 0.2 peer's command line. Everything not here is torchtitan's default, and so
+    is what torchtitan_v03 names in `defaults_kept`: CUDA graphs over forward+backward, its
+    FlexAttention, its chunked cross-entropy, its SPMD backend, what it compiles."""
+    t = cfg.train
+    fp8 = None
+    if cfg.model.fp8 != "none":
+        # paratrain keeps the output layer in bf16, as torchao and torchtitan advise
+        fp8 = {"recipe_name": cfg.model.fp8, "filter_fqns": ["lm_head"]}
+    return {
+        "shape": shape_v03(cfg),
+        "training": {
+            "local_batch_size": cfg.data.batch_size,
+            "seq_len": cfg.data.max_length,
+            "steps": t.max_steps,
+            # torchtitan always clips; paratrain unclipped: an infinite norm multiplies by 1
+            "max_norm": t.max_grad_norm if t.max_grad_norm is not None else math.inf,
+            "dtype": "float32",
+            "mixed_precision_param": SUPPORTED_PRECISION[cfg.precision],
+        },
+        "optimizer": {
+            "name": "AdamW",
+            "lr": t.lr,
+            "betas": (t.adam_beta1, t.adam_beta2),
+            "eps": 1e-8,  # torch's AdamW default, paratrain's
+            "weight_decay": t.weight_decay,
+            "implementation": "fused" if t.fused_optimizer else "foreach",
+        },
+        "lr_scheduler": {
+            "warmup_steps": 0,
+            # constant: a decay phase of length 0; cosine: decay from the first step to 0
+            "decay_ratio": 0.0 if t.lr_schedule == "constant" else None,
+            "decay_type": "linear" if t.lr_schedule == "constant" else "cosine",
+            "min_lr_factor": 0.0,
+        },
+        "activation_checkpoint": "full" if t.activation_checkpointing else None,
+        "compile": bool(t.compile),
+        "float8": fp8,
+        "log_freq": t.warmup_steps,  # a log at the end of the warm-up (unsupported checks it)
+        "seed": cfg.seed,
+    }
+
+
+def command_args_v03(dump_folder: str) -> list[str]:
+    """torchtitan.train's command line from 0.3 on: the config function (which reads the run's
+    config from PARATRAIN_TT_CONFIG and builds everything from settings_v03), the output
+    folder, and torchtitan's own record of the config it parsed (job_config.json there)."""
+    return [
+        "--module",
+        V03_MODULE,
+        "--config",
+        V03_CONFIG,
+        f"--dump_folder={dump_folder}",
+        "--debug.save_config_file=job_config.json",
+    ]
+
+
 def run_config() -> RunConfig:
     return load_config(os.environ["PARATRAIN_TT_CONFIG"])
 
@@ -91,11 +220,14 @@ def token_rows(cfg: RunConfig, length: int) -> torch.Tensor:
     return synthetic_rows(longer, vocab)
 
 
-def command_args(cfg: RunConfig, dump_folder: str) -> list[str]:
-    """torchtitan.train's command line for the run: the same shape, batch, steps, precision,
+def command_args(cfg: RunConfig, dump_folder: str, version: str | None = "0.2") -> list[str]:
+    """torchtitan.train's command line for the run, for the torchtitan `version` installed
+    (0.3 and later: command_args_v03). Up to 0.2: the same shape, batch, steps, precision,
     optimizer, clipping, compile and float8 as paratrain's config. torchtitan always clips
     (max_norm); paratrain without max_grad_norm is matched by an infinite norm (the norm is
     still computed and the gradients multiplied by 1)."""
+    if api(version) == "v03":
+        return command_args_v03(dump_folder)
     t = cfg.train
     steps, warm = t.max_steps, t.warmup_steps
     args = {
@@ -139,13 +271,13 @@ def command_args(cfg: RunConfig, dump_folder: str) -> list[str]:
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP = re.compile(
     r"step:\s*(\d+)\s+loss:\s*([-\d.e+naif]+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)"
-    r".*?mfu:\s*([\d.]+)%"
+    r".*?mfu:\s*(?:([\d.]+)%|N/A)"  # torchtitan 0.3 prints N/A under float8
 )
 
 
 def read_log(text: str) -> list[dict]:
     """torchtitan's metric lines: step, loss, reserved memory (GiB), tokens/s and its own MFU
-    (%), each over the steps since the previous line."""
+    (%; None where it prints none), each over the steps since the previous line."""
     rows, seen = [], set()
     for line in ANSI.sub("", text).splitlines():
         m = STEP.search(line)
@@ -158,7 +290,7 @@ def read_log(text: str) -> list[dict]:
                     "loss": float(loss),
                     "memory_gib": float(mem),
                     "tps": float(tps.replace(",", "")),
-                    "mfu_pct": float(mfu),
+                    "mfu_pct": float(mfu) if mfu is not None else None,
                 }
             )
     return rows

@@ -1,15 +1,17 @@
 """torchtitan as a peer (issue 34): the same full-training run as paratrain's config, trained by
 torchtitan's own Trainer under its own launch (torchrun -m torchtitan.train, through
-torchtitan_main), its model shape and random-token rows given by torchtitan_spec through its
-`--experimental.custom_import` hook. Its model, parallelize, compile, optimizer and loss are
-its own. This process builds the command, runs it, reads torchtitan's log and writes
-result.json in the peers' format, with MFU by paratrain's formula (torchtitan's own figure
-beside it).
+torchtitan_main). Its model shape and random-token rows come, for torchtitan 0.2, from
+torchtitan_spec through its `--experimental.custom_import` hook; from 0.3 on, from the config
+function torchtitan_v03.paratrain_run named by `--module/--config` (the installed version picks:
+torchtitan_args.api). Its model, parallelize, compile, optimizer and loss are its own. This
+process builds the command, runs it, reads torchtitan's log and writes result.json in the peers'
+format, with MFU by paratrain's formula (torchtitan's own figure beside it) and, from 0.3 on,
+the torchtitan options in effect (its defaults kept: CUDA graphs, attention, loss, ...).
 
     python -m paratrain.bench.peers.torchtitan_ref CONFIG_YAML OUT_DIR
 
 torchtitan is not a dependency of paratrain: where it is not installed the peer is skipped
-(exit 3). Tested against torchtitan 0.2.2 (torch 2.11 on the GPU machine).
+(exit 3). Tested against torchtitan 0.2.2 (torch 2.11 on the GPU machine); written for 0.3.0.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import torch
 from paratrain import metrics
 from paratrain.bench.peers import common
 from paratrain.bench.peers.hf_lora import add_tokens
-from paratrain.bench.peers.torchtitan_args import command_args, measured, read_log, unsupported
+from paratrain.bench.peers.torchtitan_args import (
+    api,
+    command_args,
+    installed_version,
+    measured,
+    read_log,
+    unsupported,
+)
 
 TIMEOUT_S = 1800
 
@@ -33,7 +42,8 @@ TIMEOUT_S = 1800
 def main() -> None:
     plan, out_dir = common.read_plan("torchtitan")
     cfg = plan.config
-    why = unsupported(cfg)
+    version = installed_version()  # None where torchtitan is absent (skipped below)
+    why = unsupported(cfg, version)
     if why:
         common.fail(f"torchtitan peer: {why}")
     common.require("torchtitan")
@@ -50,13 +60,15 @@ def main() -> None:
         f"--nproc-per-node={nproc}",
         "-m",
         "paratrain.bench.peers.torchtitan_main",
-        *command_args(cfg, str((out_dir / "torchtitan").resolve())),
+        *command_args(cfg, str((out_dir / "torchtitan").resolve()), version),
     ]
     losses_path = out_dir / "torchtitan_losses.json"
+    options_path = out_dir / "torchtitan_options.json"
     env = dict(
         os.environ,
         PARATRAIN_TT_CONFIG=str(config_path),
         PARATRAIN_TT_LOSSES=str(losses_path.resolve()),
+        PARATRAIN_TT_OPTIONS=str(options_path.resolve()),
         PYTHONUNBUFFERED="1",
     )
     log_path = out_dir / "torchtitan.log"
@@ -72,9 +84,10 @@ def main() -> None:
         print(tail, file=sys.stderr)
         common.fail(f"torchtitan exited {code} (log: {log_path})")
     summary = summarise(cfg, text, losses_path, nproc)
-    common.write_result(
-        out_dir, "torchtitan", cfg, first_device(), nproc, summary, torchtitan=torchtitan_version()
-    )
+    extra = {"torchtitan": version, "torchtitan_api": api(version)}
+    if options_path.is_file():  # 0.3 on: what torchtitan ran with that paratrain did not choose
+        extra["torchtitan_options"] = json.loads(options_path.read_text())
+    common.write_result(out_dir, "torchtitan", cfg, first_device(), nproc, summary, **extra)
 
 
 def summarise(cfg, text: str, losses_path: Path, world: int) -> dict:
@@ -96,7 +109,8 @@ def summarise(cfg, text: str, losses_path: Path, world: int) -> dict:
         "val_accuracy": None,
         "energy": None,
         "losses": losses,
-        "torchtitan_mfu": [r["mfu_pct"] / 100 for r in rows],  # its own figure, per log line
+        # its own figure, per log line (none under float8 from 0.3 on)
+        "torchtitan_mfu": [r["mfu_pct"] / 100 if r["mfu_pct"] is not None else None for r in rows],
     }
     add_tokens(summary, length, batch * length * world)
     summary.update(paratrain_mfu(cfg, tokens_per_s / world))
@@ -124,17 +138,6 @@ def paratrain_mfu(cfg, tokens_per_s_per_device: float) -> dict:
 def first_device() -> torch.device:
     """The device this process sees first: torchtitan's rank 0 trains on it."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def torchtitan_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torchtitan")
-    except PackageNotFoundError:  # from source on PYTHONPATH
-        import torchtitan
-
-        return getattr(torchtitan, "__version__", None)
 
 
 if __name__ == "__main__":
