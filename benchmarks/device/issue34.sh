@@ -43,10 +43,12 @@ full)
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/full_speed.yaml "${flags[@]}" ${BENCH_FLAGS:-} \
     --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
-  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "torchtitan compiled" \
+  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "${REF_FULL:-torchtitan compiled}" \
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise" \
-    "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise"
+    "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise" \
+    "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise" \
+    "paratrain compiled + fp8 delayed + float8 lm_head=torchtitan compiled + fp8 tensorwise"
   ;;
 profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
   for entry in ${PROFILES:-}; do

@@ -155,15 +155,16 @@ def test_the_installed_version_picks_the_interface(version, expected):
 
 def test_an_unreadable_version_is_told_by_the_modules(monkeypatch):
     """A source checkout reports 0.0.0: 0.2's TrainSpec registry (gone in 0.3) decides."""
-    real = importlib.util.find_spec
+    real, registry = importlib.util.find_spec, {}
 
     def find(name, *args):
         if name == "torchtitan.protocols.train_spec":
-            return object() if has_registry else None
+            return registry.get("spec")
         return real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find)
-    for has_registry, expected in ((True, "v02"), (False, "v03")):
+    for spec, expected in ((object(), "v02"), (None, "v03")):
+        registry["spec"] = spec
         assert tt.api("0.0.0+unknown") == expected and tt.api(None) == expected
 
 
@@ -243,10 +244,15 @@ def test_v03_settings_follow_the_config():
     assert other["optimizer"]["implementation"] == "foreach"
 
 
-def test_v03_needs_a_length_its_chunked_loss_divides():
+def test_v03_needs_a_length_its_chunked_loss_divides_and_a_newer_torch():
     cfg = load_config(RECIPE, ["data.max_length=100"])
-    assert "multiple of 8" in tt.unsupported(cfg, "0.3.0")
+    assert "multiple of 8" in tt.unsupported_v03(cfg, "2.13.0+cu130")
     assert tt.unsupported(cfg, "0.2.2") is None and tt.unsupported(cfg) is None
+    ok = load_config(RECIPE)
+    assert tt.unsupported_v03(ok, "2.14.1") is None
+    assert "needs torch 2.13 or later (this is 2.11.0+cu130)" in tt.unsupported_v03(
+        ok, "2.11.0+cu130"
+    )
 
 
 def test_a_log_line_without_mfu_is_read():
@@ -264,7 +270,8 @@ def test_v03_config_builds_torchtitans_model_of_the_shape(shape, tmp_path, monke
     the command line keeps the values; the loader gives paratrain's rows with positions."""
     from paratrain.models.causal_lm.build import building, model_class, shape_config
 
-    cfg = load_config(None, [f"model.shape={shape}", "data.max_length=64", "device=cpu"])
+    overrides = ["data.max_length=64", "train.max_steps=20", "train.warmup_steps=10"]
+    cfg = load_config(None, [f"model.shape={shape}", *overrides, "device=cpu"])
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(cfg))
     monkeypatch.setenv("PARATRAIN_TT_CONFIG", str(path))

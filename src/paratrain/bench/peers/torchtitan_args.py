@@ -26,13 +26,17 @@ V03_CONFIG = "paratrain_run"
 # torchtitan >= 0.3 splits the sequence into this many chunks for its loss (ChunkedLossWrapper,
 # the loss its Llama configs use); the peer keeps its default
 V03_LOSS_CHUNKS = 8
+# torchtitan 0.3.0 imports torch.distributed.fsdp.DataParallelMeshDims (not in 2.11) and calls
+# create_block_mask(separate_full_blocks=...) (not in 2.12): checked on the CPU with 2.11-2.13
+V03_MIN_TORCH = (2, 13)
 
 
 def api(version: str | None) -> str:
-    """"v03" for torchtitan 0.3 and later (Trainer.Config, --module/--config), "v02" before
-    (JobConfig, --experimental.custom_import). None or an unreadable version (a source checkout
-    reports 0.0.0): "v02" where the installed torchtitan has the TrainSpec registry the 0.2 peer
-    uses (torchtitan.protocols.train_spec, gone in 0.3), else "v03"."""
+    """The interface of torchtitan `version`: v03 for 0.3 and later (Trainer.Config,
+    --module/--config), v02 before (JobConfig, --experimental.custom_import). None or an
+    unreadable version (a source checkout reports 0.0.0): v02 where the installed torchtitan
+    has the TrainSpec registry the 0.2 peer uses (torchtitan.protocols.train_spec, gone in
+    0.3), else v03."""
     m = re.match(r"(\d+)\.(\d+)", version or "")
     if m and (int(m.group(1)), int(m.group(2))) != (0, 0):
         return "v03" if (int(m.group(1)), int(m.group(2))) >= (0, 3) else "v02"
@@ -81,7 +85,18 @@ def unsupported(cfg: RunConfig, version: str | None = None) -> str | None:
         # torchtitan logs (and syncs) every log_freq steps: one log at the warm-up's end and
         # whole windows after it, not a sync in every measured step
         return "needs train.max_steps a multiple of train.warmup_steps >= 1 (the measured window)"
-    if version is not None and api(version) == "v03" and cfg.data.max_length % V03_LOSS_CHUNKS:
+    if version is not None and api(version) == "v03":
+        return unsupported_v03(cfg, torch.__version__)
+    return None
+
+
+def unsupported_v03(cfg: RunConfig, torch_version: str) -> str | None:
+    """What only torchtitan 0.3's interface refuses, or None."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version)
+    if m and (int(m.group(1)), int(m.group(2))) < V03_MIN_TORCH:
+        need = ".".join(map(str, V03_MIN_TORCH))
+        return f"torchtitan 0.3 needs torch {need} or later (this is {torch_version})"
+    if cfg.data.max_length % V03_LOSS_CHUNKS:
         return f"data.max_length a multiple of {V03_LOSS_CHUNKS} (torchtitan's chunked loss)"
     return None
 

@@ -11,7 +11,8 @@ the torchtitan options in effect (its defaults kept: CUDA graphs, attention, los
     python -m paratrain.bench.peers.torchtitan_ref CONFIG_YAML OUT_DIR
 
 torchtitan is not a dependency of paratrain: where it is not installed the peer is skipped
-(exit 3). Tested against torchtitan 0.2.2 (torch 2.11 on the GPU machine); written for 0.3.0.
+(exit 3). Tested against torchtitan 0.2.2 (torch 2.11 on the GPU machine); written for 0.3.0,
+which needs torch 2.13 or later (refused before any work on an older one).
 """
 
 from __future__ import annotations

@@ -64,8 +64,14 @@ class RowsLoader(BaseDataLoader):
         pass
 
     def __init__(
-        self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int,
-        local_batch_size: int, **_: Any,
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        seq_len: int,
+        local_batch_size: int,
+        **_: Any,
     ):
         rows = token_rows(run_config(), seq_len + 1)
         self.rows, self.batch = rows[dp_rank::dp_world_size], local_batch_size
