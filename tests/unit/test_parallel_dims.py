@@ -178,10 +178,6 @@ BAD = [
         "pipeline.microbatches: the interleaved schedule takes a multiple of the 2",
     ),
     (
-        ["--set", "model.shape=tiny", "--set", "strategy=fsdp", "--set", "model.fp8=delayed"],
-        "model.fp8: delayed keeps an amax history in each whole layer",
-    ),
-    (
         ["--set", "model.shape=tiny", "--set", "strategy=ddp-rr", "--set", "data.sampler=full"],
         "data.sampler: strategy ddp-rr reads with the round-robin sampler, got full",
     ),
