@@ -30,7 +30,7 @@ if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests 
   timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
 for mode in ${MODE:-full}; do  # MODE="lora profile": both, in this order
-DB=/tmp/results_$mode.db  # one per mode: rows_<mode>.md compares a mode's rows only
+  DB=/tmp/results_$mode.db  # one per mode: rows_<mode>.md compares a mode's rows only
 case $mode in
 full)
   if [ -n "${PROFILE:-}" ]; then
@@ -78,6 +78,7 @@ lora)
 esac
 done
 for db in /tmp/results_*.db; do
+  [ -e "$db" ] || continue  # MODE=profile alone keeps none
   python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $db "$OUT/$(basename $db)"
 done
 for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done > "$OUT/torchtitan_logs.txt" 2>/dev/null

@@ -445,6 +445,22 @@ def test_fp8_lm_head_puts_the_logits_matmul_in_float8():
     assert abs(loss.item() - high.item()) < 0.02 * high.item()
     loss.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    # a head float8 matmuls cannot take (a size not a multiple of 16) is refused, not kept bf16
+    from paratrain.errors import UserError
+
+    odd = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, "cpu")
+    odd.lm_head = torch.nn.Linear(odd.lm_head.in_features, 321, bias=False)
+    with pytest.raises(UserError, match=r"model.fp8_lm_head: lm_head \(\d+ x 321\)"):
+        apply_fp8(odd, "tensorwise", torch.device("cpu"), lm_head=True)
+
+
+def test_the_precision_label_names_a_float8_lm_head():
+    from paratrain.trainer.result import precision_label
+
+    assert precision_label({"precision": "bf16", "fp8": None}) == "bf16"
+    assert precision_label({"precision": "bf16", "fp8": "rowwise"}) == "bf16+fp8-rowwise"
+    both = {"precision": "bf16", "fp8": "tensorwise", "fp8_lm_head": True}
+    assert precision_label(both) == "bf16+fp8-tensorwise+lm_head"
 
 
 def test_fp8_lm_head_needs_fp8():

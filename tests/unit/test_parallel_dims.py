@@ -178,6 +178,11 @@ BAD = [
         "pipeline.microbatches: the interleaved schedule takes a multiple of the 2",
     ),
     (
+        ["--set", "model.shape=tiny", "--set", "model.fp8=tensorwise"]
+        + ["--set", "model.fp8_lm_head=true", "--set", "model.loss_chunk_tokens=64"],
+        "model.fp8_lm_head: the chunked loss and Liger's fused loss multiply",
+    ),
+    (
         ["--set", "model.shape=tiny", "--set", "strategy=ddp-rr", "--set", "data.sampler=full"],
         "data.sampler: strategy ddp-rr reads with the round-robin sampler, got full",
     ),

@@ -37,6 +37,11 @@ def check(cfg, layout: Layout) -> None:
             "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
             "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
         )
+    if m.fp8_lm_head and (m.loss_chunk_tokens or m.kernels != "none"):
+        raise ValueError(
+            "model.fp8_lm_head: the chunked loss and Liger's fused loss multiply by lm_head's "
+            "weight themselves, in bf16; set loss_chunk_tokens=0 and kernels=none with it"
+        )
     if layout.tp_enabled:
         for field, value, off in (
             ("model.kernels", m.kernels, "none"),
@@ -364,6 +369,7 @@ def facts(ctx: BuildContext, model, train_rows: list) -> dict:
         "random_init": m.init == "random",
         "kernels": m.kernels,
         "fp8": m.fp8,
+        "fp8_lm_head": m.fp8_lm_head,
         "pin_memory": d.pin_memory and ctx.device.type == "cuda",
         "train_rows": len(train_rows),
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),

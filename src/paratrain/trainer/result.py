@@ -124,6 +124,7 @@ def build(
         "precision": cfg.precision,
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
         "fp8": cfg.model.fp8 if run.plan.task == "causal_lm" and cfg.model.fp8 != "none" else None,
+        "fp8_lm_head": run.plan.task == "causal_lm" and cfg.model.fp8_lm_head,
         "world_size": env.world_size,
         "cpu_threads": torch.get_num_threads(),  # per process
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
@@ -175,9 +176,13 @@ def token_rates(run, all_tokens: float, steps: int, seconds: float, gpus: int) -
 
 
 def precision_label(result: dict[str, Any]) -> str:
-    """bf16, or bf16+fp8-rowwise when the linear layers compute in float8 (model.fp8)."""
+    """bf16, or bf16+fp8-rowwise when the linear layers compute in float8 (model.fp8), and
+    bf16+fp8-rowwise+lm_head when lm_head does too (model.fp8_lm_head)."""
     fp8 = result.get("fp8")
-    return f"{result['precision']}+fp8-{fp8}" if fp8 else result["precision"]
+    if not fp8:
+        return result["precision"]
+    head = "+lm_head" if result.get("fp8_lm_head") else ""
+    return f"{result['precision']}+fp8-{fp8}{head}"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

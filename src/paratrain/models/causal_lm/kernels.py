@@ -93,6 +93,14 @@ def apply_fp8(
             and module.out_features % 16 == 0
         )
 
-    return convert_to_float8_training(
+    model = convert_to_float8_training(
         model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=eligible
     )
+    head = getattr(model, "lm_head", None)
+    if lm_head and head is not None and not hasattr(head, "linear_mm_config"):
+        shape = f"{getattr(head, 'in_features', '?')} x {getattr(head, 'out_features', '?')}"
+        raise UserError(
+            f"model.fp8_lm_head: lm_head ({shape}) cannot multiply in float8, which needs both "
+            "sizes multiples of 16; set model.fp8_lm_head=false"
+        )
+    return model
