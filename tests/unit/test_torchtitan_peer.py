@@ -154,19 +154,24 @@ def test_the_installed_version_picks_the_interface(version, expected):
     assert tt.api(version) == expected
 
 
-def test_an_unreadable_version_is_told_by_the_modules(monkeypatch):
-    """A source checkout reports 0.0.0: 0.2's TrainSpec registry (gone in 0.3) decides."""
-    real, registry = importlib.util.find_spec, {}
+def test_an_unreadable_version_is_told_by_the_modules(monkeypatch, tmp_path):
+    """A source checkout reports 0.0.0: 0.2's TrainSpec registry file (gone in 0.3) decides,
+    found without importing torchtitan's package."""
+    import types
+
+    real = importlib.util.find_spec
+    package = tmp_path / "torchtitan"
+    (package / "protocols").mkdir(parents=True)
 
     def find(name, *args):
-        if name == "torchtitan.protocols.train_spec":
-            return registry.get("spec")
+        if name == "torchtitan":
+            return types.SimpleNamespace(submodule_search_locations=[str(package)])
         return real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find)
-    for spec, expected in ((object(), "v02"), (None, "v03")):
-        registry["spec"] = spec
-        assert tt.api("0.0.0+unknown") == expected and tt.api(None) == expected
+    assert tt.api("0.0.0+unknown") == "v03" and tt.api(None) == "v03"
+    (package / "protocols" / "train_spec.py").write_text("")
+    assert tt.api("0.0.0+unknown") == "v02" and tt.api(None) == "v02"
 
 
 def test_v03_command_names_the_config_function_and_v02_keeps_its_flags():

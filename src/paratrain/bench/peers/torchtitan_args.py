@@ -41,11 +41,13 @@ def api(version: str | None) -> str:
     if m and (int(m.group(1)), int(m.group(2))) != (0, 0):
         return "v03" if (int(m.group(1)), int(m.group(2))) >= (0, 3) else "v02"
     import importlib.util
+    from pathlib import Path
 
-    try:
-        v02 = importlib.util.find_spec("torchtitan.protocols.train_spec") is not None
-    except ImportError:  # torchtitan itself absent
-        v02 = False
+    # the file, not an import: importing torchtitan's package would run its __init__, which may
+    # import `datasets` before torchtitan_main's stand-in exists
+    spec = importlib.util.find_spec("torchtitan")
+    places = (spec.submodule_search_locations or []) if spec else []
+    v02 = any((Path(p) / "protocols" / "train_spec.py").is_file() for p in places)
     return "v02" if v02 else "v03"
 
 
