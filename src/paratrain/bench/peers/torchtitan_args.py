@@ -117,49 +117,43 @@ def ffn_sizing(dim: int, hidden: int) -> tuple[float, int]:
     raise ValueError(f"no torchtitan FFN sizing gives {hidden} for dim {dim}")
 
 
-def model_args(cfg: RunConfig) -> dict:
-    """TransformerModelArgs' keywords for the config's Llama shape (torchtitan's embeddings are
-    untied: the output layer is its own weight, whatever the shape ties). paratrain's shapes
-    have no RoPE scaling; torchtitan's spec sets its scaling to the identity (factor 1)."""
+def _llama(cfg: RunConfig) -> tuple[object, dict]:
+    """The config's Llama shape (transformers' config) and the fields both torchtitan versions
+    name alike."""
     from paratrain.models.causal_lm.build import shape_config
 
     c = shape_config(cfg.model.shape, cfg.model.layers)
     if c.model_type != "llama":
         raise ValueError(f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes")
-    mult, multiple = ffn_sizing(c.hidden_size, c.intermediate_size)
     rope = getattr(c, "rope_parameters", None) or {}
-    return {
+    return c, {
         "dim": c.hidden_size,
         "n_layers": c.num_hidden_layers,
         "n_heads": c.num_attention_heads,
         "n_kv_heads": c.num_key_value_heads,
         "vocab_size": c.vocab_size,
-        "ffn_dim_multiplier": mult,
-        "multiple_of": multiple,
         "norm_eps": c.rms_norm_eps,
         "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 500000.0)),
     }
+
+
+def model_args(cfg: RunConfig) -> dict:
+    """TransformerModelArgs' keywords for the config's Llama shape (torchtitan's embeddings are
+    untied: the output layer is its own weight, whatever the shape ties). paratrain's shapes
+    have no RoPE scaling; torchtitan's spec sets its scaling to the identity (factor 1)."""
+    c, fields = _llama(cfg)
+    mult, multiple = ffn_sizing(c.hidden_size, c.intermediate_size)
+    return {**fields, "ffn_dim_multiplier": mult, "multiple_of": multiple}
 
 
 def shape_v03(cfg: RunConfig) -> dict:
     """The Llama shape in torchtitan 0.3's terms (its FeedForward takes the hidden size itself).
     Untied embeddings, as the 0.2 peer (torchtitan's Llama-3.2 flavors tie them in 0.3); RoPE
     without scaling (paratrain's shapes have none: scaling "none" is torchtitan's identity)."""
-    from paratrain.models.causal_lm.build import shape_config
-
-    c = shape_config(cfg.model.shape, cfg.model.layers)
-    if c.model_type != "llama":
-        raise ValueError(f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes")
-    rope = getattr(c, "rope_parameters", None) or {}
+    c, fields = _llama(cfg)
     return {
-        "dim": c.hidden_size,
-        "n_layers": c.num_hidden_layers,
-        "n_heads": c.num_attention_heads,
-        "n_kv_heads": c.num_key_value_heads,
+        **fields,
         "hidden_dim": c.intermediate_size,
-        "vocab_size": c.vocab_size,
-        "norm_eps": c.rms_norm_eps,
-        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 500000.0)),
         "rope_scaling": "none",
         "tie_embeddings": False,
     }
