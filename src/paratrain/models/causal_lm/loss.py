@@ -32,10 +32,14 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def _base(model: nn.Module) -> nn.Module:
+    """The model that holds lm_head: a peft model's base, else the model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def plain_head(model: nn.Module) -> bool:
     """_plain_head of a model, a peft model too (whose base holds lm_head)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _plain_head(base)
+    return _plain_head(_base(model))
 
 
 def _plain_head(base: nn.Module) -> bool:
@@ -50,8 +54,7 @@ def _plain_head(base: nn.Module) -> bool:
 def float8_head(model: nn.Module) -> bool:
     """lm_head is a float8 linear layer (model.fp8_lm_head: torchao's Float8Linear, or
     fp8_frozen's under LoRA) and nothing else: WholeLoss then calls the layer itself."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _float8_head(base)
+    return _float8_head(_base(model))
 
 
 def _float8_head(base: nn.Module) -> bool:
@@ -87,7 +90,7 @@ class WholeLoss(nn.Module):
     logits (8 ms of a 137 ms step for the Llama-3.2-1B shape at 4 x 2,048 on one H200)."""
 
     def forward(self, hidden, labels, weight, head=None):
-        # head: a float8 lm_head layer (model.fp8_lm_head), called for its float8 matmul
+        # head (weight None): a float8 lm_head layer (model.fp8_lm_head), called for its matmul
         logits = hidden @ weight.t() if head is None else head(hidden)
         return next_token_loss(logits, labels)
 
@@ -173,7 +176,7 @@ class ChunkedLossLM(nn.Module):
         self.whole_loss = WholeLoss()  # chunk 0, fused none: lm_head + loss as one compile unit
 
     def get_base_model(self) -> nn.Module:
-        return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return _base(self.lm)
 
     @property
     def config(self):
@@ -192,7 +195,7 @@ class ChunkedLossLM(nn.Module):
         elif not self.chunk and _plain_head(base):
             loss = self.whole_loss(hidden, labels, base.lm_head.weight)
         elif not self.chunk and _float8_head(base):
-            loss = self.whole_loss(hidden, labels, base.lm_head.weight, base.lm_head)
+            loss = self.whole_loss(hidden, labels, None, base.lm_head)
         elif not self.chunk:  # tensor parallel: lm_head's DTensor output under loss_parallel
             loss = next_token_loss(base.lm_head(hidden), labels)
         else:
