@@ -61,12 +61,15 @@ class ModelConfig:
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
     cross-entropy (with train.compile, which fuses the rest itself). loss_chunk_tokens, when set,
     replaces Liger's loss with paratrain's chunked one."""
-    fp8: Literal["none", "tensorwise", "rowwise"] = "none"
+    fp8: Literal["none", "tensorwise", "rowwise", "delayed"] = "none"
     """Language model: the frozen base's linear layers (not lm_head) multiply in float8 through
     torchao's Float8Linear, scaled per tensor or per row; adapters and the rest keep the autocast
     dtype. Pair with train.compile: eagerly, torchao's backward also computes the frozen weights'
     gradients (3 matmuls per layer instead of 2); compiled, they are dropped (tested). pip install
-    torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU."""
+    torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU. delayed: tensorwise
+    scales taken from each cast's amax over the last 16 steps instead of the tensor's own, so the
+    casts fuse into the kernels before them (Transformer Engine's default recipe;
+    models/causal_lm/fp8_delayed.py); not with FSDP or pipeline stages."""
     fp8_lm_head: bool = False
     """Language model with model.fp8: lm_head multiplies in float8 too (the logits' matmul, about
     a fifth of the Llama-3.2-1B shape's FLOPs). Off by default, as torchao and torchtitan advise:
@@ -79,7 +82,7 @@ class ModelConfig:
                 "or a path"
             )
         if self.fp8_lm_head and self.fp8 == "none":
-            raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise or rowwise)")
+            raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise, rowwise or delayed)")
         if self.shift_add_min_side < 0:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:

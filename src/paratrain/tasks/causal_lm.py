@@ -14,6 +14,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
+from paratrain.models.causal_lm.fp8_delayed import delay_fp8
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
@@ -55,6 +56,11 @@ def check(cfg, layout: Layout) -> None:
                 )
         if cfg.lora.enabled and "lm_head" in cfg.lora.target_modules:
             raise ValueError("lora.target_modules: lm_head takes no adapter under parallel.tp")
+    if m.fp8 == "delayed" and {"fsdp", "pp"} & layout.uses:
+        raise ValueError(
+            "model.fp8: delayed keeps an amax history in each whole layer, which FSDP's shards "
+            "and pipeline stages do not have; set model.fp8=tensorwise with them"
+        )
     if "pp" in layout.uses:
         if cfg.data.packing:
             raise ValueError(
@@ -247,6 +253,8 @@ def build_model(ctx: BuildContext):
         # hold shards, the shards' all-gather decides what is cast, and a pipeline rank would
         # cast every layer before its stage is cut out: torchao's layers stay there
         model = freeze_fp8(model)
+    if m.fp8 == "delayed":  # trained layers' casts scaled from their amax history
+        model = delay_fp8(model)
     # else the model's own loss
     compiled_loss = cfg.train.compile and (plain_head(model) or float8_head(model))
     if m.loss_chunk_tokens or m.kernels != "none" or ctx.layout.tp_enabled or compiled_loss:

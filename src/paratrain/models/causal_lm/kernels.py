@@ -93,8 +93,10 @@ def apply_fp8(
             and module.out_features % 16 == 0
         )
 
+    # delayed: torchao's tensorwise layers, whose trained ones fp8_delayed.py swaps later
+    name = "tensorwise" if recipe == "delayed" else recipe
     model = convert_to_float8_training(
-        model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=eligible
+        model, config=Float8LinearConfig.from_recipe_name(name), module_filter_fn=eligible
     )
     head = getattr(model, "lm_head", None)
     if lm_head and head is not None and not hasattr(head, "linear_mm_config"):
