@@ -46,7 +46,8 @@ full)
   python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "${REF_FULL:-torchtitan compiled}" \
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise" \
-    "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise"
+    "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise" \
+    "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise"
   ;;
 profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
   for entry in ${PROFILES:-}; do
@@ -73,6 +74,7 @@ lora)
     "paratrain compiled + fused AdamW + CUDA graphs, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 rowwise=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head=transformers + peft" \
+    "paratrain compiled + fused AdamW, fp8 delayed=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac

@@ -470,3 +470,93 @@ def test_fp8_lm_head_needs_fp8():
 
     with pytest.raises(ConfigError, match="fp8_lm_head: needs model.fp8"):
         load_config(None, ["task=causal_lm", "model.fp8_lm_head=true", "model.shape=tiny"])
+
+
+def test_delayed_fp8_starts_as_torchao_then_scales_from_the_history():
+    """model.fp8=delayed (fp8_delayed.py): the first step casts as torchao's tensorwise recipe
+    does (bit for bit); later casts take the amax history's scale: the same values while the
+    tensors' amax stays (or moves by a power of two), other values when it moves otherwise. The
+    history holds each step's amax; the state dict keeps torchao's keys."""
+    import copy
+
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from paratrain.models.causal_lm.fp8_delayed import DelayedFloat8Linear, delay_fp8
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        torch.nn.Linear(64, 128, bias=False), torch.nn.ReLU(), torch.nn.Linear(128, 32, bias=False)
+    )
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    ref = convert_to_float8_training(copy.deepcopy(base), config=config)
+    delayed = delay_fp8(convert_to_float8_training(copy.deepcopy(base), config=config))
+    assert all(isinstance(delayed[i], DelayedFloat8Linear) for i in (0, 2))
+    assert delayed.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(32, 64)
+    same = []
+    for factor in (1.0, 1.0, 0.5, 0.7):
+        xd, xr = (x * factor).requires_grad_(), (x * factor).requires_grad_()
+        a, b = delayed(xd), ref(xr)
+        (a * a).sum().backward()
+        (b * b).sum().backward()
+        grads = [
+            (p.grad, q.grad) for p, q in zip(delayed.parameters(), ref.parameters(), strict=True)
+        ]
+        same.append(
+            torch.equal(a, b)
+            and torch.equal(xd.grad, xr.grad)
+            and all(torch.equal(*g) for g in grads)
+        )
+        if factor == 0.7:
+            torch.testing.assert_close(a, b, rtol=0.1, atol=0.05)  # float8's rounding, no more
+        for p in list(delayed.parameters()) + list(ref.parameters()):
+            p.grad = None
+    assert same == [True, True, True, False]
+    first = delayed[0]
+    assert first.calibrated and first._sink.grad is None
+    amax = x.abs().amax()
+    expected = torch.stack([amax * 0.7, amax * 0.5, amax, amax]).float()
+    torch.testing.assert_close(first.x_history[:4], expected)
+    assert (first.g_history[:4] > 0).all() and not first.g_history[4:].any()
+    with torch.no_grad():  # evaluation leaves the history alone
+        delayed(x * 3)
+    torch.testing.assert_close(first.x_history[:4], expected)
+
+
+def test_delayed_fp8_frozen_layers_start_as_fp8_frozen_then_use_the_history():
+    """Under LoRA, model.fp8=delayed keeps fp8_frozen's once-cast weights and scales the input's
+    and the gradient's casts from their histories: the first steps equal fp8_frozen's layers bit
+    for bit, eager and compiled; an amax moved by 0.7x gives other values."""
+    import copy
+
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear
+    from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        torch.nn.Linear(64, 128, bias=False), torch.nn.ReLU(), torch.nn.Linear(128, 32, bias=False)
+    ).requires_grad_(False)
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    base = convert_to_float8_training(base, config=config)
+    for compiled in (False, True):
+        ref = freeze_fp8(copy.deepcopy(base))
+        delayed = freeze_fp8(copy.deepcopy(base), DelayedFrozenFloat8Linear)
+        assert isinstance(delayed[0], DelayedFrozenFloat8Linear)
+        runs = [torch.compile(m) if compiled else m for m in (delayed, ref)]
+        x, same = torch.randn(32, 64), []
+        for factor in (1.0, 1.0, 0.7):
+            xd, xr = (x * factor).requires_grad_(), (x * factor).requires_grad_()
+            a, b = runs[0](xd), runs[1](xr)
+            (a * a).sum().backward()
+            (b * b).sum().backward()
+            same.append(torch.equal(a, b) and torch.equal(xd.grad, xr.grad))
+        assert same == [True, True, False], compiled
+        assert delayed[2].calibrated and (delayed[2].g_history[:3] > 0).all()

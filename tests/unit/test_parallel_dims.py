@@ -183,6 +183,10 @@ BAD = [
         "model.fp8_lm_head: the chunked loss and Liger's fused loss multiply",
     ),
     (
+        ["--set", "model.shape=tiny", "--set", "strategy=fsdp", "--set", "model.fp8=delayed"],
+        "model.fp8: delayed keeps an amax history in each whole layer",
+    ),
+    (
         ["--set", "model.shape=tiny", "--set", "strategy=ddp-rr", "--set", "data.sampler=full"],
         "data.sampler: strategy ddp-rr reads with the round-robin sampler, got full",
     ),

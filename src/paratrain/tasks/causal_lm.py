@@ -14,7 +14,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
-from paratrain.models.causal_lm.fp8_delayed import delay_fp8
+from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
@@ -252,7 +252,8 @@ def build_model(ctx: BuildContext):
         # the frozen base weights in float8 once, not each step (fp8_frozen.py); where ranks
         # hold shards, the shards' all-gather decides what is cast, and a pipeline rank would
         # cast every layer before its stage is cut out: torchao's layers stay there
-        model = freeze_fp8(model)
+        delayed = DelayedFrozenFloat8Linear if m.fp8 == "delayed" else None
+        model = freeze_fp8(model, delayed)
     if m.fp8 == "delayed":  # trained layers' casts scaled from their amax history
         model = delay_fp8(model)
     # else the model's own loss

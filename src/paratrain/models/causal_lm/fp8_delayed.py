@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear, _weight
+
 HISTORY = 16  # steps whose amax the scale covers
 
 
@@ -48,46 +50,49 @@ def _push(history: torch.Tensor, amax: torch.Tensor) -> None:
     history.copy_(torch.cat([amax.reshape(1), history[:-1]]))
 
 
-class _GradToFloat8(torch.autograd.Function):
-    """Forward: the tensor as it is. Backward: its gradient cast to float8 (e5m2) with the
-    history's scale (the tensor's own on the first step); the gradient's amax goes out as the
-    sink's gradient."""
+def _grad_to_float8(grad, history, calibrated, mm_config, config):
+    """A gradient cast to float8 (e5m2) with the history's scale (its own amax on the first
+    step) -> (the float8 gradient, its amax for the history)."""
+    from torchao.float8.float8_training_tensor import (
+        GemmInputRole,
+        hp_tensor_and_scale_to_float8,
+    )
+
+    dtype = config.cast_config_grad_output.target_dtype
+    amax = _amax(grad)
+    scale = _scale(history.max() if calibrated else amax, dtype, config)
+    g8 = hp_tensor_and_scale_to_float8(grad, scale, dtype, mm_config, GemmInputRole.GRAD_OUTPUT)
+    return g8, amax
+
+
+class _DelayedMM(torch.autograd.Function):
+    """y = x8 @ w8_t for a weight that trains, both already in float8. Backward casts the
+    gradient itself (a gradient handed on as a float8 tensor by another Function would reach
+    this one as a plain tensor under torch.compile) and returns its amax as the sink's
+    gradient: dL/dx = g8 @ w8_t^T, dL/dW = (g8^T @ x8)^T, torchao's float8 matmuls."""
 
     @staticmethod
-    def forward(ctx, y, sink, history, calibrated, mm_config, config):
-        ctx.save_for_backward(history)
-        ctx.calibrated, ctx.mm_config, ctx.config = calibrated, mm_config, config
-        return y
+    def forward(ctx, x8, w8_t, sink, history, meta):
+        ctx.save_for_backward(x8, w8_t, history)
+        ctx.meta = meta
+        flat = x8.reshape(-1, x8.shape[-1])
+        return torch.mm(flat, w8_t).reshape(*x8.shape[:-1], w8_t.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
-        from torchao.float8.float8_training_tensor import (
-            GemmInputRole,
-            hp_tensor_and_scale_to_float8,
-        )
-
-        (history,) = ctx.saved_tensors
-        c = ctx.config
-        dtype = c.cast_config_grad_output.target_dtype
-        amax = _amax(grad)
-        scale = _scale(history.max() if ctx.calibrated else amax, dtype, c)
-        g8 = hp_tensor_and_scale_to_float8(
-            grad, scale, dtype, ctx.mm_config, GemmInputRole.GRAD_OUTPUT
-        )
-        return g8, amax, None, None, None, None
+        x8, w8_t, history = ctx.saved_tensors
+        mm_config, config, calibrated = ctx.meta
+        flat = grad.reshape(-1, grad.shape[-1])
+        g8, amax = _grad_to_float8(flat, history, calibrated, mm_config, config)
+        grad_in = torch.mm(g8, w8_t.t()).reshape(*grad.shape[:-1], w8_t.shape[0])
+        grad_w = torch.mm(g8.t(), x8.reshape(-1, x8.shape[-1]))
+        return grad_in, grad_w.t(), amax, None, None
 
 
-class DelayedFloat8Linear(nn.Linear):
-    """A torchao Float8Linear (tensorwise recipe) whose activation and gradient casts take
-    delayed scales. An nn.Linear sharing the original layer's Parameters: the state dict,
-    checkpoints, optimizers and exports see the same weight."""
+class _DelayedCasts:
+    """The amax histories, the gradient's sink and the casts, for a float8 linear layer."""
 
-    def __init__(self, layer: nn.Linear):
-        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a second weight
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.weight, self.bias = layer.weight, layer.bias
-        self.config, self.linear_mm_config = layer.config, layer.linear_mm_config
-        device = layer.weight.device
+    def _init_delayed(self, device) -> None:
         # not checkpointed (persistent=False): a resumed run calibrates again on its first step
         self.register_buffer("x_history", torch.zeros(HISTORY, device=device), persistent=False)
         self.register_buffer("g_history", torch.zeros(HISTORY, device=device), persistent=False)
@@ -110,8 +115,7 @@ class DelayedFloat8Linear(nn.Linear):
         self._new_sink(self.weight.device)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+    def _input_in_float8(self, x: torch.Tensor, training: bool):
         from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
         from torchao.float8.float8_training_tensor import (
             GemmInputRole,
@@ -119,9 +123,6 @@ class DelayedFloat8Linear(nn.Linear):
         )
 
         c, mm = self.config, self.linear_mm_config
-        # exactly Float8Linear's check: CUDA's autocast only (the output's dtype)
-        if torch.is_autocast_enabled("cuda"):
-            x = x.to(torch.get_autocast_dtype("cuda"))
         dtype = c.cast_config_input.target_dtype
         if self.calibrated:
             scale = _scale(self.x_history.max(), dtype, c)
@@ -134,10 +135,41 @@ class DelayedFloat8Linear(nn.Linear):
                 gemm_input_role=GemmInputRole.INPUT,
                 round_scales_to_power_of_2=c.round_scales_to_power_of_2,
             )
-        training = torch.is_grad_enabled() and self.weight.requires_grad
         if training:  # evaluation leaves the history as training made it
             with torch.no_grad():
                 _push(self.x_history, _amax(x))
+        return x8
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"float8 delayed scaling over {HISTORY} steps"
+        )
+
+
+class DelayedFloat8Linear(_DelayedCasts, nn.Linear):
+    """A torchao Float8Linear (tensorwise recipe) whose activation and gradient casts take
+    delayed scales. An nn.Linear sharing the original layer's Parameters: the state dict,
+    checkpoints, optimizers and exports see the same weight."""
+
+    def __init__(self, layer: nn.Linear):
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a second weight
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias
+        self.config, self.linear_mm_config = layer.config, layer.linear_mm_config
+        self._init_delayed(layer.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+        from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        c, mm = self.config, self.linear_mm_config
+        # exactly Float8Linear's check: CUDA's autocast only (the output's dtype)
+        if torch.is_autocast_enabled("cuda"):
+            x = x.to(torch.get_autocast_dtype("cuda"))
+        training = torch.is_grad_enabled() and self.weight.requires_grad
+        x8 = self._input_in_float8(x, training)
         w8 = hp_tensor_to_float8_dynamic(
             self.weight.t(),
             c.cast_config_weight.target_dtype,
@@ -145,18 +177,67 @@ class DelayedFloat8Linear(nn.Linear):
             gemm_input_role=GemmInputRole.WEIGHT,
             round_scales_to_power_of_2=c.round_scales_to_power_of_2,
         )
-        out = matmul_with_hp_or_float8_args.apply(x8, w8, mm, c)
         if training:
-            out = _GradToFloat8.apply(out, self._sink, self.g_history, self.calibrated, mm, c)
+            out = _DelayedMM.apply(x8, w8, self._sink, self.g_history, (mm, c, self.calibrated))
+        else:
+            out = matmul_with_hp_or_float8_args.apply(x8, w8, mm, c)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
 
-    def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"float8 delayed scaling over {HISTORY} steps"
+
+class _FrozenMM(torch.autograd.Function):
+    """y = x8 @ W^T with x and the frozen W already in float8 (fp8_frozen's copies); backward
+    casts the gradient itself with the history's scale, returns dL/dx and, as the sink's
+    gradient, the gradient's amax."""
+
+    @staticmethod
+    def forward(ctx, x8, out_data, out_scale, gin_data, gin_scale, sink, history, meta):
+        mm_config, _, dtype, out_axis, _ = meta[0]
+        ctx.save_for_backward(gin_data, gin_scale, history)
+        ctx.meta = meta
+        w = _weight(out_data, out_scale, out_axis, dtype, mm_config)
+        flat = x8.reshape(-1, x8.shape[-1])
+        return torch.mm(flat, w).reshape(*x8.shape[:-1], w.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        gin_data, gin_scale, history = ctx.saved_tensors
+        (mm_config, config, dtype, _, gin_axis), calibrated = ctx.meta
+        flat = grad.reshape(-1, grad.shape[-1])
+        g8, amax = _grad_to_float8(flat, history, calibrated, mm_config, config)
+        w = _weight(gin_data, gin_scale, gin_axis, dtype, mm_config)
+        grad_in = torch.mm(g8, w.t()).reshape(*grad.shape[:-1], w.shape[0])
+        return grad_in, None, None, None, None, amax, None, None
+
+
+class DelayedFrozenFloat8Linear(_DelayedCasts, FrozenFloat8Linear):
+    """fp8_frozen's layer (the frozen weight in float8 once) with delayed activation and
+    gradient casts."""
+
+    def __init__(self, layer: nn.Linear):
+        FrozenFloat8Linear.__init__(self, layer)
+        self._init_delayed(layer.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cuda"):
+            x = x.to(torch.get_autocast_dtype("cuda"))
+        if not torch.is_grad_enabled():  # evaluation: fp8_frozen's own cast and matmul
+            return FrozenFloat8Linear.forward(self, x)
+        x8 = self._input_in_float8(x, training=True)
+        out = _FrozenMM.apply(
+            x8,
+            self._out_data,
+            self._out_scale,
+            self._gin_data,
+            self._gin_scale,
+            self._sink,
+            self.g_history,
+            (self._meta, self.calibrated),
         )
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
 
 
 def delay_fp8(model: nn.Module) -> nn.Module:

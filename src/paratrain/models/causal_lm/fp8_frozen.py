@@ -135,9 +135,11 @@ class FrozenFloat8Linear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, float8 once"
 
 
-def freeze_fp8(model: nn.Module) -> nn.Module:
+def freeze_fp8(model: nn.Module, layer_class=None) -> nn.Module:
     """Swap every torchao Float8Linear whose weight does not train for a FrozenFloat8Linear
-    (dynamic scaling, as model.fp8's recipes set it; any other torchao setting keeps its layer)."""
+    (dynamic scaling, as model.fp8's recipes set it; any other torchao setting keeps its layer),
+    or for `layer_class` (fp8_delayed's, under model.fp8=delayed)."""
+    layer_class = layer_class or FrozenFloat8Linear
     from torchao.float8.float8_linear import Float8Linear
 
     swaps = [
@@ -147,7 +149,7 @@ def freeze_fp8(model: nn.Module) -> nn.Module:
         if isinstance(child, Float8Linear) and not child.weight.requires_grad and _plain(child)
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, FrozenFloat8Linear(child))
+        setattr(parent, name, layer_class(child))
     return model
 
 
