@@ -47,7 +47,8 @@ full)
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise" \
-    "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise"
+    "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise" \
+    "paratrain compiled + fp8 delayed + float8 lm_head=torchtitan compiled + fp8 tensorwise"
   ;;
 profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
   for entry in ${PROFILES:-}; do

@@ -454,6 +454,35 @@ def test_fp8_lm_head_puts_the_logits_matmul_in_float8():
         apply_fp8(odd, "tensorwise", torch.device("cpu"), lm_head=True)
 
 
+def test_delayed_fp8_lm_head_trains_through_the_compiled_loss():
+    """model.fp8=delayed with model.fp8_lm_head: lm_head becomes fp8_delayed's layer, the
+    loss wrapper calls it, its gradient's amax reaches the history, and the loss tracks the
+    high-precision head's (compiled, on the GPU: benchmarks/results/2026-12-03-h200x1/issue34)."""
+    import pytest
+
+    pytest.importorskip("torchao")
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.fp8_delayed import DelayedFloat8Linear, delay_fp8
+    from paratrain.models.causal_lm.kernels import apply_fp8
+    from paratrain.models.causal_lm.loss import ChunkedLossLM, float8_head
+
+    torch.manual_seed(0)
+    base = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, "cpu")
+    ids = torch.randint(0, base.config.vocab_size, (2, 32))
+    with torch.no_grad():
+        high = base(input_ids=ids, labels=ids).loss.item()
+    model = delay_fp8(apply_fp8(base, "delayed", torch.device("cpu"), lm_head=True))
+    assert isinstance(model.lm_head, DelayedFloat8Linear) and float8_head(model)
+    wrapped = ChunkedLossLM(model, 0)
+    for step in range(3):
+        loss = wrapped(input_ids=ids, labels=ids).loss
+        loss.backward()
+        assert abs(loss.item() - high) < 0.02 * high, step
+        model.zero_grad()
+    head = model.lm_head
+    assert head.calibrated and (head.g_history[:3] > 0).all() and (head.x_history[:3] > 0).all()
+
+
 def test_the_precision_label_names_a_float8_lm_head():
     from paratrain.trainer.result import precision_label
 
