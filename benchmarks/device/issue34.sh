@@ -8,7 +8,8 @@
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
 #     PROFILE="<paratrain --set args>" first profiles one paratrain row (profile.txt back).
 # ONLY_LORA / ONLY_FULL pick rows for one mode when MODE names both; "=label" picks one row exactly.
-# Back per mode: rows_<mode>.md, bench_<mode>.log, results_<mode>.db.
+# Back per mode: bench_<mode>.log, results_<mode>.db; rows.md (each mode's table), logs.txt (the
+# machine, the runs' and torchtitan's logs): at most 8 files come back from a call.
 # Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
 # (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
 # TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back).
@@ -25,7 +26,7 @@ for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kerne
     try: print(p, md.version(p))
     except md.PackageNotFoundError: print(p, "absent")
 PY
-echo "commit $PARATRAIN_COMMIT"; } > "$OUT/machine.txt" 2>&1; cat "$OUT/machine.txt"
+echo "commit $PARATRAIN_COMMIT"; } > /tmp/machine.txt 2>&1; cat /tmp/machine.txt
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
   timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
@@ -43,7 +44,7 @@ full)
   left=$((BUDGET - (SECONDS - start)))
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/full_speed.yaml "${flags[@]}" ${BENCH_FLAGS:-} \
     --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
-  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "${REF_FULL:-torchtitan compiled}" \
+  python3 benchmarks/device/pair_rows.py $DB "/tmp/rows_$mode.md" "${REF_FULL:-torchtitan compiled}" \
     "paratrain compiled=torchtitan compiled" \
     "paratrain compiled + fp8 tensorwise=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise" \
@@ -66,7 +67,7 @@ lora)
   timeout -k 15 $left python3 -m paratrain bench recipes/bench/lora_speed.yaml --grid launch.nproc=1 \
     "${flags[@]}" ${BENCH_FLAGS:-} \
     --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
-  python3 benchmarks/device/pair_rows.py $DB "$OUT/rows_$mode.md" "transformers + peft" \
+  python3 benchmarks/device/pair_rows.py $DB "/tmp/rows_$mode.md" "transformers + peft" \
     "paratrain compiled, bf16=transformers + peft" \
     "paratrain compiled, fp8 tensorwise=transformers + peft" \
     "paratrain compiled + fused AdamW, bf16=transformers + peft" \
@@ -84,5 +85,7 @@ for db in /tmp/results_*.db; do
   [ -e "$db" ] || continue  # MODE=profile alone keeps none
   python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" $db "$OUT/$(basename $db)"
 done
-for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done > "$OUT/torchtitan_logs.txt" 2>/dev/null
-for f in /tmp/runs/*/*/log.txt; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|warn" "$f" | tail -6; done > "$OUT/logs.txt" 2>/dev/null
+for f in /tmp/rows_*.md; do [ -e "$f" ] && { echo "## $(basename $f .md)"; cat "$f"; echo; }; done > "$OUT/rows.md"
+{ cat /tmp/machine.txt
+for f in /tmp/runs/*/*/torchtitan.log; do echo "== $f"; grep -aE "step:|Error|error|float8|Float8|compil|stubbed" "$f" | tail -12; done
+for f in /tmp/runs/*/*/log.txt; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|warn" "$f" | tail -6; done; } > "$OUT/logs.txt" 2>/dev/null
