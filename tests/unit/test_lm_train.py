@@ -555,6 +555,55 @@ def test_delayed_fp8_starts_as_torchao_then_scales_from_the_history():
     torch.testing.assert_close(first.x_history[:4], expected)
 
 
+def test_delayed_fp8_layers_fed_one_tensor_share_one_history():
+    """q/k/v (and gate/up) read their first layer's input history, which alone records the
+    input's amax: the same scales as a history each, so the same losses and gradients bit for
+    bit; under LoRA the wrapped base layers are grouped the same way."""
+    import copy
+
+    import pytest
+
+    pytest.importorskip("torchao")
+    from paratrain.config.model import LoraConfig
+    from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
+    from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
+    from paratrain.models.causal_lm.kernels import apply_fp8
+    from paratrain.models.causal_lm.lora import apply_lora
+
+    torch.manual_seed(0)
+    base = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32, "cpu")
+    shared = delay_fp8(apply_fp8(copy.deepcopy(base), "delayed", torch.device("cpu")))
+    own = delay_fp8(apply_fp8(copy.deepcopy(base), "delayed", torch.device("cpu")))
+    for m in own.modules():
+        if hasattr(m, "_x_from"):
+            m._x_from = (m,)
+    attn, mlp = shared.model.layers[0].self_attn, shared.model.layers[0].mlp
+    assert attn.k_proj._x_from[0] is attn.q_proj and attn.v_proj._x_from[0] is attn.q_proj
+    assert mlp.up_proj._x_from[0] is mlp.gate_proj and attn.o_proj._x_from[0] is attn.o_proj
+    ids = torch.randint(0, base.config.vocab_size, (2, 32))
+    for step in range(3):
+        losses = []
+        for model in (shared, own):
+            loss = model(input_ids=ids, labels=ids * (step + 1) % base.config.vocab_size).loss
+            loss.backward()
+            losses.append((loss, [p.grad.clone() for p in model.parameters()]))
+            model.zero_grad()
+        (a, ga), (b, gb) = losses
+        assert torch.equal(a, b) and all(map(torch.equal, ga, gb)), step
+    assert attn.q_proj.x_history[:3].gt(0).all() and not attn.k_proj.x_history.any()
+    assert attn.k_proj.calibrated and attn.k_proj.g_history[:3].gt(0).all()
+    # LoRA: peft's wrappers hold the frozen float8 layers as base_layer
+    lora = apply_lora(
+        apply_fp8(copy.deepcopy(base).requires_grad_(False), "delayed", torch.device("cpu")),
+        LoraConfig(enabled=True),
+    )
+    lora = delay_fp8(freeze_fp8(lora, DelayedFrozenFloat8Linear))
+    attn = lora.get_base_model().model.layers[0].self_attn
+    q, k, v = attn.q_proj.base_layer, attn.k_proj, attn.v_proj.base_layer  # k: no adapter
+    assert isinstance(v, DelayedFrozenFloat8Linear) and v._x_from[0] is q and k._x_from[0] is q
+
+
 def test_delayed_fp8_frozen_layers_start_as_fp8_frozen_then_use_the_history():
     """Under LoRA, model.fp8=delayed keeps fp8_frozen's once-cast weights and scales the input's
     and the gradient's casts from their histories: the first steps equal fp8_frozen's layers bit

@@ -17,7 +17,13 @@ formula and float8 tensors.
   (and of a resumed run: the history is not checkpointed) scales dynamically, exactly as
   torchao's tensorwise recipe, and fills the history.
 - A gradient's amax leaves backward as the "gradient" of a sink tensor (autograd's way out of a
-  backward, compiled or not); a hook on the sink moves it into the history.
+  backward, compiled or not); a hook on the sink moves it into the history, and the input's
+  amax, kept aside in forward, with it: every forward of a step reads the histories as the
+  previous steps left them.
+- Layers fed the same tensor (q/k/v, gate/up) read one history, their first layer's, which
+  alone records the input's amax: the same scale on the same tensor is the same cast, which
+  compile computes once (torchao's dynamic casts of one tensor are merged the same way; with
+  a history each, they would be three).
 
 Values above the history's max saturate at float8's largest (as Transformer Engine does); the
 loss curve against tensorwise says whether that matters for a model.
@@ -96,7 +102,9 @@ class _DelayedCasts:
         # not checkpointed (persistent=False): a resumed run calibrates again on its first step
         self.register_buffer("x_history", torch.zeros(HISTORY, device=device), persistent=False)
         self.register_buffer("g_history", torch.zeros(HISTORY, device=device), persistent=False)
+        self.register_buffer("x_amax", torch.zeros((), device=device), persistent=False)
         self.calibrated = False
+        self._x_from = (self,)  # the layer whose input history this one reads (share_inputs)
         self._new_sink(device)
 
     def _new_sink(self, device) -> None:
@@ -107,6 +115,8 @@ class _DelayedCasts:
     def _took_grad_amax(self, sink: torch.Tensor) -> None:
         with torch.no_grad():
             _push(self.g_history, sink.grad)
+            if self._x_from[0] is self:
+                _push(self.x_history, self.x_amax)
         sink.grad = None
         self.calibrated = True  # both histories hold a step now: the next casts are delayed
 
@@ -124,8 +134,9 @@ class _DelayedCasts:
 
         c, mm = self.config, self.linear_mm_config
         dtype = c.cast_config_input.target_dtype
+        source = self._x_from[0]
         if self.calibrated:
-            scale = _scale(self.x_history.max(), dtype, c)
+            scale = _scale(source.x_history.max(), dtype, c)
             x8 = hp_tensor_and_scale_to_float8(x, scale, dtype, mm, GemmInputRole.INPUT)
         else:
             x8 = hp_tensor_to_float8_dynamic(
@@ -135,9 +146,9 @@ class _DelayedCasts:
                 gemm_input_role=GemmInputRole.INPUT,
                 round_scales_to_power_of_2=c.round_scales_to_power_of_2,
             )
-        if training:  # evaluation leaves the history as training made it
+        if training and source is self:  # evaluation leaves the history as training made it
             with torch.no_grad():
-                _push(self.x_history, _amax(x))
+                self.x_amax.copy_(_amax(x))  # into the history after backward (_took_grad_amax)
         return x8
 
     def extra_repr(self) -> str:
@@ -253,4 +264,24 @@ def delay_fp8(model: nn.Module) -> nn.Module:
     ]
     for parent, name, child in swaps:
         setattr(parent, name, DelayedFloat8Linear(child))
+    return share_inputs(model)
+
+
+# leaf names of linear layers that every Hugging Face decoder feeds the same tensor
+_SAME_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})
+
+
+def share_inputs(model: nn.Module) -> nn.Module:
+    """Point each delayed layer fed its sibling's input (q/k/v, gate/up; a LoRA wrapper's
+    base_layer counts as the layer it wraps) at the first sibling's input history."""
+    groups: dict[tuple[str, int], _DelayedCasts] = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, _DelayedCasts):
+            continue
+        parent, _, leaf = path.removesuffix(".base_layer").rpartition(".")
+        family = next((i for i, names in enumerate(_SAME_INPUT) if leaf in names), None)
+        if family is None:
+            continue
+        first = groups.setdefault((parent, family), module)
+        module._x_from = (first,)  # a tuple: not registered as a submodule
     return model
