@@ -77,6 +77,7 @@ lora)
     "paratrain compiled + fused AdamW, fp8 rowwise=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 delayed=transformers + peft" \
+    "paratrain compiled + fused AdamW, fp8 delayed + float8 lm_head=transformers + peft" \
     "transformers + peft + Liger=transformers + peft"
   ;;
 esac
