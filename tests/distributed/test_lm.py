@@ -74,3 +74,25 @@ def test_fp16_lora_with_loss_scaling_under_fsdp(tmp_path, data):
     )
     s = read_result(out)["summary"]
     assert s["optimizer_steps"] == 4 and s["loss_scale"] is not None and s["tokens_per_s"] > 0
+
+
+def test_delayed_fp8_lora_under_ddp_tracks_the_high_precision_run(tmp_path, data, ddp):
+    """model.fp8=delayed (+ lm_head in float8) under DDP: each rank scales its own casts from its
+    own amax history while DDP averages the adapters' gradients; the run trains like the
+    high-precision DDP run above, within float8's rounding."""
+    pytest.importorskip("torchao")
+    out = run_lm(
+        tmp_path,
+        "delayed",
+        data,
+        "strategy=ddp-ds",
+        "model.fp8=delayed",
+        "model.fp8_lm_head=true",
+        *TWO_EPOCHS,
+    )
+    r, ref = read_result(out), read_result(ddp)
+    assert r["workload"]["fp8"] == "delayed" and r["summary"]["optimizer_steps"] == 10
+    losses = [e["train_loss"] for e in r["epochs"]]
+    assert losses[-1] < losses[0], losses
+    a, b = r["epochs"][-1]["val_loss"], ref["epochs"][-1]["val_loss"]
+    assert a != b and abs(a - b) < 0.02 * b, (a, b)

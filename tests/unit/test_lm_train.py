@@ -280,7 +280,9 @@ def test_frozen_fp8_layers_train_as_torchao_does_bit_for_bit(tmp_path, monkeypat
     adapters_once = {
         n: p.detach().clone() for n, p in seen["model"].named_parameters() if p.requires_grad
     }
-    monkeypatch.setattr(lm_task, "freeze_fp8", lambda model, *a: model)  # torchao's layers as they are
+    monkeypatch.setattr(
+        lm_task, "freeze_fp8", lambda model, *a: model
+    )  # torchao's layers as they are
     each = train(load_config(None, common + [f"output_dir={tmp_path / 'each'}"]))
     kinds = {type(m) for m in seen["model"].modules()}
     assert Float8Linear in kinds and FrozenFloat8Linear not in kinds

@@ -67,9 +67,11 @@ class ModelConfig:
     dtype. Pair with train.compile: eagerly, torchao's backward also computes the frozen weights'
     gradients (3 matmuls per layer instead of 2); compiled, they are dropped (tested). pip install
     torchao; needs a GPU of compute capability 8.9+ (H100, H200) or the CPU. delayed: tensorwise
-    scales taken from each cast's amax over the last 16 steps instead of the tensor's own, so the
-    casts fuse into the kernels before them (Transformer Engine's default recipe;
-    models/causal_lm/fp8_delayed.py); not with FSDP or pipeline stages."""
+    scales taken from each cast's amax over the last 16 steps instead of the tensor's own, so
+    compile writes each cast and its amax in one kernel, and each weight is cast once a step
+    (Transformer Engine's default recipe; models/causal_lm/fp8_delayed.py): the fastest on one
+    H200 (docs/precision.md). Not with FSDP or pipeline stages; the histories are not
+    checkpointed, so a resumed run's first step scales as tensorwise does."""
     fp8_lm_head: bool = False
     """Language model with model.fp8: lm_head multiplies in float8 too (the logits' matmul, about
     a fifth of the Llama-3.2-1B shape's FLOPs). Off by default, as torchao and torchtitan advise:
