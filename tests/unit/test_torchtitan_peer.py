@@ -63,6 +63,7 @@ def test_model_args_and_command_follow_the_config():
         (["model.shape=gpt2"], "builds Llama shapes"),
         (["model.kernels=liger"], "model.kernels"),
         (["model.fp8=tensorwise", "model.fp8_lm_head=true"], "output layer in bf16"),
+        (["model.fp8=delayed"], "scales float8 dynamically"),
     ],
 )
 def test_what_the_peer_cannot_run_is_named(overrides, why):

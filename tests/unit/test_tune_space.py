@@ -30,7 +30,7 @@ def test_default_space_follows_recipe_and_machine():
     # the levers of the hand-found fastest LoRA set-up (compile + Liger's loss or a chunked one)
     assert lm_gpu["model.kernels"] == ["none", "liger-loss", "liger"]
     assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
-    assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise"]
+    assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise", "delayed"]
     assert lm_gpu["train.fused_optimizer"] == [False, True]  # the guard's flag off the host
     # the fastest recipe already holds most levers: only what differs is left
     fast = load_config("recipes/mnist_sample_mobilenetv2_fastest.yaml")

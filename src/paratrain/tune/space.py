@@ -153,7 +153,11 @@ def _lm_candidates(on_gpu: bool) -> list[Candidate]:
     candidates: list[Candidate] = []
     if on_gpu:
         candidates.append(
-            ("model.fp8", ["rowwise", "tensorwise"], "float8 linear layers (torchao)")
+            (
+                "model.fp8",
+                ["rowwise", "tensorwise", "delayed"],
+                "float8 linear layers (torchao; delayed: scales from each cast's amax history)",
+            )
         )
         candidates.append(
             (

@@ -78,6 +78,8 @@ def unsupported(cfg: RunConfig, version: str | None = None) -> str | None:
         return f"model.shape {cfg.model.shape}: torchtitan's peer builds Llama shapes"
     if cfg.model.fp8_lm_head:
         return "model.fp8_lm_head: torchtitan keeps its output layer in bf16; set it false"
+    if cfg.model.fp8 == "delayed":
+        return "model.fp8: torchtitan scales float8 dynamically (tensorwise or rowwise)"
     if cfg.model.kernels != "none":
         return "model.kernels: torchtitan uses its own kernels; set model.kernels=none"
     if cfg.precision not in SUPPORTED_PRECISION:
