@@ -77,9 +77,9 @@ def test_fp16_lora_with_loss_scaling_under_fsdp(tmp_path, data):
 
 
 def test_delayed_fp8_lora_under_ddp_tracks_the_high_precision_run(tmp_path, data, ddp):
-    """model.fp8=delayed (+ lm_head in float8) under DDP: each rank scales its own casts from its
-    own amax history while DDP averages the adapters' gradients; the run trains like the
-    high-precision DDP run above, within float8's rounding."""
+    """model.fp8=delayed (+ lm_head in float8) under DDP, end to end: it trains like the
+    high-precision DDP run above, within float8's rounding (each rank's histories its own:
+    test_buffers.py)."""
     pytest.importorskip("torchao")
     out = run_lm(
         tmp_path,

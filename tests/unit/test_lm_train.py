@@ -456,7 +456,7 @@ def test_fp8_lm_head_puts_the_logits_matmul_in_float8():
         apply_fp8(odd, "tensorwise", torch.device("cpu"), lm_head=True)
 
 
-def test_delayed_fp8_lm_head_trains_through_the_compiled_loss():
+def test_delayed_fp8_lm_head_trains_through_the_loss_wrapper():
     """model.fp8=delayed with model.fp8_lm_head: lm_head becomes fp8_delayed's layer, the
     loss wrapper calls it, its gradient's amax reaches the history, and the loss tracks the
     high-precision head's (compiled, on the GPU: benchmarks/results/2026-12-03-h200x1/issue34)."""
@@ -604,6 +604,49 @@ def test_delayed_fp8_layers_fed_one_tensor_share_one_history():
     attn = lora.get_base_model().model.layers[0].self_attn
     q, k, v = attn.q_proj.base_layer, attn.k_proj, attn.v_proj.base_layer  # k: no adapter
     assert isinstance(v, DelayedFrozenFloat8Linear) and v._x_from[0] is q and k._x_from[0] is q
+
+
+def test_delayed_fp8_histories_skip_unusable_amaxes_and_survive_a_copy():
+    """A step whose gradients overflow (inf) or vanish (0: a batch with no trained token) adds
+    nothing to the histories: the next steps stay finite and scale from the steps before, and
+    a layer waits for a usable amax before it delays its casts. A deep copy keeps recording."""
+    import copy
+
+    import pytest
+
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from paratrain.models.causal_lm.fp8_delayed import delay_fp8
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        torch.nn.Linear(64, 128, bias=False), torch.nn.ReLU(), torch.nn.Linear(128, 32, bias=False)
+    )
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    model = delay_fp8(convert_to_float8_training(base, config=config))
+    x = torch.randn(32, 64)
+
+    def step(factor: float) -> bool:
+        out = model(x)
+        (out.square().sum() * factor).backward()
+        finite = all(p.grad.isfinite().all() for p in model.parameters())
+        model.zero_grad(set_to_none=True)
+        return finite
+
+    step(0.0)  # every gradient zero: nothing to scale from yet
+    assert not model[2].calibrated and not model[2].g_history.any()
+    step(1.0)
+    assert model[2].calibrated
+    kept = model[2].g_history.clone()
+    step(float("inf"))  # an overflowed step
+    torch.testing.assert_close(model[2].g_history, kept)  # left out of the history
+    assert all(step(1.0) for _ in range(3))  # torchao's recipe: only the bad step is bad
+    clone = copy.deepcopy(model)
+    before = clone[0].x_history.clone()
+    out = clone(x * 2)
+    out.square().sum().backward()
+    assert clone[0].x_history[0] > before[0] and clone[0]._sink.grad is None
 
 
 def test_delayed_fp8_frozen_layers_start_as_fp8_frozen_then_use_the_history():

@@ -39,6 +39,9 @@ def apply_ddp(
         if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         else "broadcast_buffers"
     )
+    local = rank_local_buffers(model)
+    if local:  # the module's own per-rank state (fp8_delayed's amax histories): not synced
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, local)
     wrapped = DistributedDataParallel(
         model,
         device_ids=ids,
@@ -133,6 +136,16 @@ def bytes_per_element(kind: str, dtype: torch.dtype) -> float | None:
     return {"none": size, "fp16": 2, "bf16": 2, "int8": 1 + 4 / INT8_CHUNK}.get(kind)
 
 
+def rank_local_buffers(model: nn.Module) -> list[str]:
+    """The names of the buffers modules declare their rank's own (`rank_local_buffers`, a
+    tuple of attribute names): DDP neither broadcasts nor averages them."""
+    return [
+        f"{path}.{name}" if path else name
+        for path, module in model.named_modules()
+        for name in getattr(module, "rank_local_buffers", ())
+    ]
+
+
 def average_buffers(model: nn.Module, group=None) -> None:
     """Make every rank's floating-point buffers (BatchNorm running mean and variance) the mean
     over the data-parallel ranks (`group`; None: all), in one all-reduce per dtype. Used when DDP
@@ -147,8 +160,10 @@ def average_buffers(model: nn.Module, group=None) -> None:
     if size == 1:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for buf in unwrap(model).buffers():
-        if buf.is_floating_point():
+    plain = unwrap(model)
+    local = {id(plain.get_buffer(name)) for name in rank_local_buffers(plain)}
+    for buf in plain.buffers():
+        if buf.is_floating_point() and id(buf) not in local:
             by_dtype.setdefault(buf.dtype, []).append(buf)
     for bufs in by_dtype.values():
         flat = _flatten_dense_tensors([b.detach() for b in bufs])

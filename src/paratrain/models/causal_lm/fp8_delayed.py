@@ -26,7 +26,10 @@ formula and float8 tensors.
   a history each, they would be three).
 
 Values above the history's max saturate at float8's largest (as Transformer Engine does); the
-loss curve against tensorwise says whether that matters for a model.
+loss curve against tensorwise says whether that matters for a model. An amax that is not a
+positive finite number (an overflowed or all-masked step) is not recorded. Under DDP each rank's
+histories are its own (rank_local_buffers: DDP neither broadcasts nor averages them). With
+gradient accumulation the history spans HISTORY backward passes, not optimizer steps.
 """
 
 from __future__ import annotations
@@ -52,8 +55,12 @@ def _amax(t: torch.Tensor) -> torch.Tensor:
 
 
 def _push(history: torch.Tensor, amax: torch.Tensor) -> None:
-    """The newest amax first, the oldest dropped (in place: a buffer)."""
-    history.copy_(torch.cat([amax.reshape(1), history[:-1]]))
+    """The newest amax first, the oldest dropped (in place: a buffer). An amax that is not a
+    positive finite number (a step whose gradients overflowed, a batch with no trained token)
+    is left out: kept, it would set every scale of the next 16 steps to nothing or NaN."""
+    amax = amax.reshape(1).to(history.dtype)
+    usable = torch.isfinite(amax) & (amax > 0)
+    history.copy_(torch.where(usable, torch.cat([amax, history[:-1]]), history))
 
 
 def _grad_to_float8(grad, history, calibrated, mm_config, config):
@@ -98,6 +105,9 @@ class _DelayedMM(torch.autograd.Function):
 class _DelayedCasts:
     """The amax histories, the gradient's sink and the casts, for a float8 linear layer."""
 
+    # each rank's own: DDP neither broadcasts nor averages them (parallel/ddp.py)
+    rank_local_buffers = ("x_history", "g_history", "x_amax")
+
     def _init_delayed(self, device) -> None:
         # not checkpointed (persistent=False): a resumed run calibrates again on its first step
         self.register_buffer("x_history", torch.zeros(HISTORY, device=device), persistent=False)
@@ -113,15 +123,27 @@ class _DelayedCasts:
         self._sink.register_post_accumulate_grad_hook(self._took_grad_amax)
 
     def _took_grad_amax(self, sink: torch.Tensor) -> None:
+        own_input = self._x_from[0] is self
         with torch.no_grad():
             _push(self.g_history, sink.grad)
-            if self._x_from[0] is self:
+            if own_input:
                 _push(self.x_history, self.x_amax)
+                self.x_amax.zero_()
         sink.grad = None
-        self.calibrated = True  # both histories hold a step now: the next casts are delayed
+        if not self.calibrated:  # delayed casts once the histories hold a usable amax (a sync,
+            # in the first steps only)
+            self.calibrated = bool(self.g_history[0] > 0) and (
+                not own_input or bool(self.x_history[0] > 0)
+            )
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # a deep copy's or unpickled sink has lost its hook
+        self._new_sink(self.weight.device)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)  # the buffers and Parameters move; the sink is made again
+        for name in self.rank_local_buffers:  # amaxes stay float32 under model.to(bfloat16)
+            self._buffers[name] = self._buffers[name].float()
         self._new_sink(self.weight.device)
         return self
 
@@ -135,7 +157,7 @@ class _DelayedCasts:
         c, mm = self.config, self.linear_mm_config
         dtype = c.cast_config_input.target_dtype
         source = self._x_from[0]
-        if self.calibrated:
+        if self.calibrated and source.calibrated:  # the source's history may still be empty
             scale = _scale(source.x_history.max(), dtype, c)
             x8 = hp_tensor_and_scale_to_float8(x, scale, dtype, mm, GemmInputRole.INPUT)
         else:
@@ -148,7 +170,9 @@ class _DelayedCasts:
             )
         if training and source is self:  # evaluation leaves the history as training made it
             with torch.no_grad():
-                self.x_amax.copy_(_amax(x))  # into the history after backward (_took_grad_amax)
+                # into the history after backward (_took_grad_amax); the max over the step's
+                # calls, for a layer called more than once
+                self.x_amax.copy_(torch.maximum(self.x_amax, _amax(x)))
         return x8
 
     def extra_repr(self) -> str:
