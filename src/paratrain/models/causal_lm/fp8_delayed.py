@@ -26,8 +26,9 @@ formula and float8 tensors.
   a history each, they would be three).
 
 Values above the history's max saturate at float8's largest (as Transformer Engine does); the
-loss curve against tensorwise says whether that matters for a model. An amax that is not a
-positive finite number (an overflowed or all-masked step) is not recorded. Under DDP each rank's
+loss curve against tensorwise says whether that matters for a model. An overflowed step's amax
+enters the history as 0, and a layer delays its casts only once its histories hold a positive
+amax (an all-masked first batch has none). Under DDP each rank's
 histories are its own (rank_local_buffers: DDP neither broadcasts nor averages them). With
 gradient accumulation the history spans HISTORY backward passes, not optimizer steps.
 """
@@ -55,12 +56,12 @@ def _amax(t: torch.Tensor) -> torch.Tensor:
 
 
 def _push(history: torch.Tensor, amax: torch.Tensor) -> None:
-    """The newest amax first, the oldest dropped (in place: a buffer). An amax that is not a
-    positive finite number (a step whose gradients overflowed, a batch with no trained token)
-    is left out: kept, it would set every scale of the next 16 steps to nothing or NaN."""
-    amax = amax.reshape(1).to(history.dtype)
-    usable = torch.isfinite(amax) & (amax > 0)
-    history.copy_(torch.where(usable, torch.cat([amax, history[:-1]]), history))
+    """The newest amax first, the oldest dropped (in place: a buffer). An inf or NaN amax (a
+    step whose gradients overflowed) enters as 0, which no scale reads (the history's max
+    does): kept, it would set every scale of the next 16 steps to nothing or NaN. Three small
+    kernels, launched from a hook for every layer in every step: no more."""
+    amax = torch.nan_to_num(amax.reshape(1).to(history.dtype), nan=0.0, posinf=0.0)
+    history.copy_(torch.cat([amax, history[:-1]]))
 
 
 def _grad_to_float8(grad, history, calibrated, mm_config, config):
@@ -128,12 +129,11 @@ class _DelayedCasts:
             _push(self.g_history, sink.grad)
             if own_input:
                 _push(self.x_history, self.x_amax)
-                self.x_amax.zero_()
         sink.grad = None
         if not self.calibrated:  # delayed casts once the histories hold a usable amax (a sync,
-            # in the first steps only)
-            self.calibrated = bool(self.g_history[0] > 0) and (
-                not own_input or bool(self.x_history[0] > 0)
+            # in the first steps only): an all-zero history would scale every value to nothing
+            self.calibrated = bool(self.g_history.max() > 0) and (
+                not own_input or bool(self.x_history.max() > 0)
             )
 
     def __setstate__(self, state):
@@ -170,9 +170,10 @@ class _DelayedCasts:
             )
         if training and source is self:  # evaluation leaves the history as training made it
             with torch.no_grad():
-                # into the history after backward (_took_grad_amax); the max over the step's
-                # calls, for a layer called more than once
-                self.x_amax.copy_(torch.maximum(self.x_amax, _amax(x)))
+                # into the history after backward (_took_grad_amax). A layer called twice in a
+                # step records its last call's amax (and the sum of its gradients' amaxes):
+                # no decoder paratrain trains reuses a layer
+                self.x_amax.copy_(_amax(x))
         return x8
 
     def extra_repr(self) -> str:
