@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.models.swap import swap_modules
+
 
 class ShiftAddDepthwise(nn.Module):
     """A depthwise nn.Conv2d's function; shifted multiply-adds for inputs at least `min_side`
@@ -83,12 +85,4 @@ def is_depthwise(module: nn.Module) -> bool:
 def shift_add_depthwise(model: nn.Module, min_side: int = 0) -> int:
     """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters
     (shift-add from inputs of `min_side` pixels up); returns how many were swapped."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if is_depthwise(child)
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, ShiftAddDepthwise(child, min_side))
-    return len(swaps)
+    return swap_modules(model, is_depthwise, lambda conv: ShiftAddDepthwise(conv, min_side))

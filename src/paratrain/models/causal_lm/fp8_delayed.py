@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from paratrain.models.causal_lm.fp8_frozen import FrozenFloat8Linear, _weight
+from paratrain.models.swap import swap_modules
 
 HISTORY = 16  # steps whose amax the scale covers
 
@@ -281,14 +282,9 @@ def delay_fp8(model: nn.Module) -> nn.Module:
     ones are fp8_frozen's: their weights are cast once, their activations as torchao does)."""
     from torchao.float8.float8_linear import Float8Linear
 
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, Float8Linear) and child.weight.requires_grad
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, DelayedFloat8Linear(child))
+    swap_modules(
+        model, lambda m: isinstance(m, Float8Linear) and m.weight.requires_grad, DelayedFloat8Linear
+    )
     return share_inputs(model)
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from paratrain.models.swap import swap_modules
+
 
 def _cast(hp: torch.Tensor, cast_config, mm_config, role, axis: int, config):
     from torchao.float8.float8_scaling_utils import (
@@ -142,14 +144,11 @@ def freeze_fp8(model: nn.Module, layer_class=None) -> nn.Module:
     layer_class = layer_class or FrozenFloat8Linear
     from torchao.float8.float8_linear import Float8Linear
 
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, Float8Linear) and not child.weight.requires_grad and _plain(child)
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, layer_class(child))
+    swap_modules(
+        model,
+        lambda m: isinstance(m, Float8Linear) and not m.weight.requires_grad and _plain(m),
+        layer_class,
+    )
     return model
 
 
