@@ -115,12 +115,16 @@ class Trainer:
         state.step += 1
         state.step_in_epoch += 1
         gc_tick(tc.gc_every_steps, state.step)
-        self.report.after_step(self.loss_sum)
         saving = self.checkpoint_if_due()
         self.watchdog.beat(state.step, "between steps")
         faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
+        # the stop check is a collective: a rank waiting there for a stalled one waits in this
+        # step, so the step's time (and the stall meter) must include it
+        stop = state.step < run.total_steps and self.interrupts.stop_at(state.step)
         self.measure.after_step(state.step, time.perf_counter() - began - saving)
-        if state.step < run.total_steps and self.interrupts.stop_at(state.step):
+        # logged after a stall's excess left the clock: the next step's rate stays its own
+        self.report.after_step(self.loss_sum)
+        if stop:
             self.interrupt()  # (at the last step the run ends as it would)
 
     def interrupt(self) -> None:
