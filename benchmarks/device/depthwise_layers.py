@@ -1,5 +1,6 @@
 """Each depthwise layer of MobileNetV2 (500x500 input, batch 64, bf16 autocast) timed alone,
-forward + backward: cuDNN channels_last, cuDNN NCHW, and paratrain's shift-add compiled.
+forward + backward: cuDNN channels_last, cuDNN NCHW, paratrain's shift-add compiled and its Triton
+kernels (model.depthwise_conv=triton).
 
     python benchmarks/device/depthwise_layers.py OUT.json   (on a GPU; prints a table too)
 """
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from paratrain.models.depthwise import ShiftAddDepthwise, is_depthwise
+from paratrain.models.depthwise_triton import TritonDepthwise
 from paratrain.models.vision import build_mobilenet_v2
 
 BATCH, SIDE, ITERS = 64, 500, 20
@@ -74,13 +76,14 @@ def main() -> None:
                 fwd_bwd(conv.to(memory_format=torch.contiguous_format)), x_nchw
             ),
             "shift_add_compiled_ms": time_ms(fwd_bwd(compiled), x_nhwc),
+            "triton_ms": time_ms(fwd_bwd(TritonDepthwise(nhwc)), x_nhwc),
         }
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(
             f"{row['channels']:5d} ch s{row['stride']} {row['input_side']:4d}px  cudnn nhwc "
             f"{row['cudnn_nhwc_ms']:7.3f}  nchw {row['cudnn_nchw_ms']:7.3f}  shift-add "
-            f"{row['shift_add_compiled_ms']:7.3f} ms",
+            f"{row['shift_add_compiled_ms']:7.3f}  triton {row['triton_ms']:7.3f} ms",
             flush=True,
         )
     total = {k: round(sum(r[k] for r in rows), 3) for k in rows[0] if k.endswith("_ms")}

@@ -1,5 +1,5 @@
-"""model.depthwise_conv=shift-add on CUDA, compiled, against cuDNN's depthwise convolutions
-(channels_last). Marked `gpu`: skipped without CUDA.
+"""model.depthwise_conv=shift-add and =triton on CUDA, compiled, against cuDNN's depthwise
+convolutions (channels_last). Marked `gpu`: skipped without CUDA.
 
 A whole random-init MobileNetV2 is compared in fp32 (TF32 off): in bf16 its gradients are too
 sensitive to where roundings fall to compare (on CPU, compiled against eager with no swap at
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paratrain.models.depthwise import ShiftAddDepthwise, shift_add_depthwise
+from paratrain.models.depthwise import ShiftAddDepthwise, swap_depthwise
+from paratrain.models.depthwise_triton import TritonDepthwise
 from paratrain.models.vision import build_mobilenet_v2
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +27,8 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def test_compiled_shift_add_step_matches_cudnn_fp32(no_tf32):
+@pytest.mark.parametrize("form", [ShiftAddDepthwise, TritonDepthwise])
+def test_compiled_step_matches_cudnn_fp32(no_tf32, form):
     torch.manual_seed(0)
     native = build_mobilenet_v2(10, in_channels=1).cuda().to(memory_format=torch.channels_last)
     # No dropout: two steps on one batch would draw different masks (the classifier's
@@ -35,7 +37,7 @@ def test_compiled_shift_add_step_matches_cudnn_fp32(no_tf32):
         if isinstance(module, nn.Dropout):
             module.p = 0.0
     swapped = copy.deepcopy(native)
-    assert shift_add_depthwise(swapped) == 17
+    assert swap_depthwise(swapped, form) == 17
     x = torch.randn(8, 1, 128, 128, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (8,), device="cuda")
 
@@ -50,12 +52,13 @@ def test_compiled_shift_add_step_matches_cudnn_fp32(no_tf32):
     assert F.cosine_similarity(grads_a, grads_b, dim=0) > 0.999
 
 
+@pytest.mark.parametrize("form", [ShiftAddDepthwise, TritonDepthwise])
 @pytest.mark.parametrize("channels,stride", [(32, 1), (96, 2)])  # MobileNetV2's 250 px layers
-def test_compiled_shift_add_layer_matches_cudnn_bf16(channels, stride):
+def test_compiled_layer_matches_cudnn_bf16(channels, stride, form):
     torch.manual_seed(0)
     conv = nn.Conv2d(channels, channels, 3, stride, 1, groups=channels, bias=False).cuda()
     conv = conv.to(memory_format=torch.channels_last)
-    layer = torch.compile(ShiftAddDepthwise(copy.deepcopy(conv)))
+    layer = torch.compile(form(copy.deepcopy(conv)))
     x = torch.randn(4, channels, 250, 250, device="cuda").contiguous(
         memory_format=torch.channels_last
     )

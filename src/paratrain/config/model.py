@@ -48,14 +48,17 @@ class ModelConfig:
     """Image model under DDP (ddp-*): its BatchNorm layers become torch.nn.SyncBatchNorm, whose
     statistics are those of the whole batch over every rank (so N ranks at batch b normalise as
     one process at N x b does). GPUs only: torch's SyncBatchNorm has no CPU kernels."""
-    depthwise_conv: Literal["native", "shift-add"] = "native"
+    depthwise_conv: Literal["native", "shift-add", "triton"] = "native"
     """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
     least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses
-    (models/depthwise.py; needs train.compile). cuDNN runs MobileNetV2's 250x250 depthwise layers
-    with a slow generic kernel on H200."""
+    (models/depthwise.py; needs train.compile), or as paratrain's Triton kernels, one pass over
+    each tensor forward and backward (models/depthwise_triton.py; GPUs; without one, PyTorch's
+    convolution). cuDNN runs MobileNetV2's 250x250 depthwise layers with a slow generic kernel
+    on H200."""
     shift_add_min_side: int = 200
-    """With depthwise_conv=shift-add: the smallest input side (pixels) that takes shift-add; below
-    it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and below."""
+    """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
+    swapped form; below it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and
+    below."""
     kernels: Literal["none", "liger", "liger-loss"] = "none"
     """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused

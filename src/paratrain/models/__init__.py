@@ -114,9 +114,12 @@ def timm_builder(name: str) -> Callable[..., nn.Module]:
 
 
 def apply_depthwise_conv(model: nn.Module, cfg: ModelConfig) -> None:
-    """model.depthwise_conv=shift-add: swap the depthwise layers (models/depthwise.py)."""
-    if cfg.depthwise_conv == "shift-add":
-        from paratrain.models.depthwise import shift_add_depthwise
+    """model.depthwise_conv=shift-add / triton: swap the depthwise layers (models/depthwise.py,
+    models/depthwise_triton.py)."""
+    if cfg.depthwise_conv != "native":
+        from paratrain.models.depthwise import ShiftAddDepthwise, swap_depthwise
+        from paratrain.models.depthwise_triton import TritonDepthwise
 
-        if shift_add_depthwise(model, cfg.shift_add_min_side) == 0:
+        form = TritonDepthwise if cfg.depthwise_conv == "triton" else ShiftAddDepthwise
+        if swap_depthwise(model, form, cfg.shift_add_min_side) == 0:
             raise UserError(f"model.depthwise_conv: {cfg.name} has no depthwise convolution")

@@ -24,14 +24,14 @@ from torch import nn
 from paratrain.models.swap import swap_modules
 
 
-class ShiftAddDepthwise(nn.Module):
-    """A depthwise nn.Conv2d's function; shifted multiply-adds for inputs at least `min_side`
-    pixels on their shorter side, the native convolution below (decided per shape, so once per
-    compiled graph)."""
+class Depthwise(nn.Module):
+    """A depthwise nn.Conv2d's function in another form for inputs at least `min_side` pixels on
+    their shorter side, the native convolution below (decided per shape, so once per compiled
+    graph). It keeps the convolution's Parameters: nothing copied."""
 
     def __init__(self, conv: nn.Conv2d, min_side: int = 0):
         super().__init__()
-        self.weight, self.bias = conv.weight, conv.bias  # the same Parameters: nothing copied
+        self.weight, self.bias = conv.weight, conv.bias
         self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
         self.min_side = min_side
 
@@ -41,6 +41,23 @@ class ShiftAddDepthwise(nn.Module):
             return F.conv2d(
                 x, self.weight, self.bias, self.stride, self.padding, self.dilation, groups
             )
+        return self.swapped(x)
+
+    def swapped(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        c, _, kh, kw = self.weight.shape
+        return (
+            f"{c}, kernel_size={(kh, kw)}, stride={self.stride}, padding={self.padding}, "
+            f"from {self.min_side} px"
+        )
+
+
+class ShiftAddDepthwise(Depthwise):
+    """Shifted multiply-adds, for torch.compile to fuse."""
+
+    def swapped(self, x: torch.Tensor) -> torch.Tensor:
         # Under autocast a convolution computes in the autocast dtype; so does this (products and
         # sum in fp32 inside the fused kernel, the result rounded once, as cuDNN does).
         out_dtype = x.dtype
@@ -67,10 +84,6 @@ class ShiftAddDepthwise(nn.Module):
             out = out + self.bias.to(acc).view(1, c, 1, 1)
         return out.to(out_dtype)
 
-    def extra_repr(self) -> str:
-        c, _, kh, kw = self.weight.shape
-        return f"{c}, kernel_size={(kh, kw)}, stride={self.stride}, padding={self.padding}"
-
 
 def is_depthwise(module: nn.Module) -> bool:
     return (
@@ -85,4 +98,10 @@ def is_depthwise(module: nn.Module) -> bool:
 def shift_add_depthwise(model: nn.Module, min_side: int = 0) -> int:
     """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters
     (shift-add from inputs of `min_side` pixels up); returns how many were swapped."""
-    return swap_modules(model, is_depthwise, lambda conv: ShiftAddDepthwise(conv, min_side))
+    return swap_depthwise(model, ShiftAddDepthwise, min_side)
+
+
+def swap_depthwise(model: nn.Module, form: type[Depthwise], min_side: int = 0) -> int:
+    """Swap every depthwise nn.Conv2d of `model` for `form` (a Depthwise) from inputs of
+    `min_side` pixels up; returns how many were swapped."""
+    return swap_modules(model, is_depthwise, lambda conv: form(conv, min_side))

@@ -1,0 +1,301 @@
+"""Depthwise convolutions as Triton kernels that read each tensor once (model.depthwise_conv=triton).
+
+A depthwise k x k convolution has no reduction over channels: each output pixel is k*k products
+of one input pixel and one weight per channel, so the layer is bound by memory, not arithmetic.
+On MobileNetV2 at 500x500 input the two 250x250 depthwise layers are the largest tensors of the
+step (64 x 96 x 250 x 250 in bf16: 768 MB). cuDNN runs them with a generic direct kernel; the
+shift-add form (models/depthwise.py) lets inductor fuse each into one forward kernel, but its
+backward is k*k strided slices summed (several passes, and each tap's gradient scattered back
+into a padded input). These kernels make one pass each, on channels_last tensors (the channels
+contiguous, so a block of pixels x channels is one coalesced load):
+
+- forward: a block of output pixels x channels; the k*k taps read from cache after the first;
+- input gradient: a block of input pixels gathers the output gradients of the taps that read it
+  (no scatter, no atomics, no padded copy);
+- weight and bias gradients: each program sums products over its share of the output pixels into
+  k*k + 1 rows per channel; torch sums the programs' rows (a few thousand, small).
+
+Products and sums are fp32; the weight is rounded to the input's dtype first (what a bf16
+convolution computes with), the bias added in fp32, as in models/depthwise.py. The op is a torch
+custom op (paratrain::depthwise_conv2d) so torch.compile keeps it whole and CUDA graphs capture
+it. Without CUDA (and without TRITON_INTERPRET=1, Triton's CPU interpreter the tests use) the
+same op runs PyTorch's convolution and its gradients.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from paratrain.models.depthwise import Depthwise
+
+try:  # Triton ships with torch's CUDA wheels; CPU-only installs may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the CPU fallback below needs none of it
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _pixel(p, Ho, Wo):
+        wo = p % Wo
+        t = p // Wo
+        return t // Ho, t % Ho, wo
+
+    @triton.jit
+    def _dw_forward(
+        x, w, b, y,
+        P, C, H, W, Ho, Wo,
+        sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        p = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        pm, cm = p < P, c < C
+        n, ho, wo = _pixel(p, Ho, Wo)
+        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        for i in tl.static_range(KH):
+            hi = ho * SH - PH + i * DH
+            for j in tl.static_range(KW):
+                wi = wo * SW - PW + j * DW
+                ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+                at = n * sxn + hi * sxh + wi * sxw
+                v = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
+                k = tl.load(w + c * (KH * KW) + i * KW + j, cm, 0.0)
+                k = k.to(x.dtype.element_ty).to(tl.float32)  # the convolution's weight rounding
+                acc += v.to(tl.float32) * k[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b + c, cm, 0.0).to(tl.float32)[None, :]
+        at = n * syn + ho * syh + wo * syw
+        out = at[:, None] + c[None, :] * syc
+        tl.store(y + out, acc.to(y.dtype.element_ty), pm[:, None] & cm[None, :])
+
+    @triton.jit
+    def _dw_input_grad(
+        g, w, dx,
+        Q, C, H, W, Ho, Wo,
+        sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        q = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        qm, cm = q < Q, c < C
+        n, h, wi = _pixel(q, H, W)
+        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        for i in tl.static_range(KH):
+            hs = h + PH - i * DH  # = ho * SH for the output row whose tap i reads row h
+            ho = hs // SH
+            hok = (hs >= 0) & (hs - ho * SH == 0) & (ho < Ho)
+            for j in tl.static_range(KW):
+                ws = wi + PW - j * DW
+                wo = ws // SW
+                ok = qm & hok & (ws >= 0) & (ws - wo * SW == 0) & (wo < Wo)
+                at = n * sgn + ho * sgh + wo * sgw
+                v = tl.load(g + at[:, None] + c[None, :] * sgc, ok[:, None] & cm[None, :], 0.0)
+                k = tl.load(w + c * (KH * KW) + i * KW + j, cm, 0.0)
+                k = k.to(dx.dtype.element_ty).to(tl.float32)
+                acc += v.to(tl.float32) * k[None, :]
+        at = n * sxn + h * sxh + wi * sxw
+        tl.store(
+            dx + at[:, None] + c[None, :] * sxc,
+            acc.to(dx.dtype.element_ty),
+            qm[:, None] & cm[None, :],
+        )
+
+    @triton.jit
+    def _dw_weight_grad(
+        g, x, part,
+        P, C, H, W, Ho, Wo, blocks,
+        sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        ROWS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        # rows 0 .. KH*KW-1: the taps' weight gradients; row KH*KW: the bias gradient
+        programs = tl.num_programs(0)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        row = tl.arange(0, ROWS)
+        acc = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+        for blk in range(tl.program_id(0), blocks, programs):
+            p = (blk * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+            pm = p < P
+            n, ho, wo = _pixel(p, Ho, Wo)
+            at = n * sgn + ho * sgh + wo * sgw
+            gv = tl.load(g + at[:, None] + c[None, :] * sgc, pm[:, None] & cm[None, :], 0.0)
+            gv = gv.to(tl.float32)
+            acc += tl.where(row[:, None] == KH * KW, tl.sum(gv, 0)[None, :], 0.0)
+            for i in tl.static_range(KH):
+                hi = ho * SH - PH + i * DH
+                for j in tl.static_range(KW):
+                    wi = wo * SW - PW + j * DW
+                    ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+                    at = n * sxn + hi * sxh + wi * sxw
+                    xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
+                    tap = tl.sum(gv * xv.to(tl.float32), 0)
+                    acc += tl.where(row[:, None] == i * KW + j, tap[None, :], 0.0)
+        out = tl.program_id(0) * ROWS * C + row[:, None] * C + c[None, :]
+        tl.store(part + out, acc, (row[:, None] < ROWS) & cm[None, :])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _uses_triton(x: torch.Tensor) -> bool:
+    return triton is not None and (x.is_cuda or _interpreting())
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _blocks(c: int) -> tuple[int, int]:
+    """(pixels, channels) per program: all of a small layer's channels (one coalesced row per
+    pixel), 64 at most; about 4,096 elements a block."""
+    block_c = min(64, triton.next_power_of_2(c))
+    return 4096 // block_c, block_c
+
+
+def _shape(x, weight, stride, padding, dilation):
+    n, c, h, w = x.shape
+    kh, kw = weight.shape[2:]
+    ho = _out_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = _out_size(w, kw, stride[1], padding[1], dilation[1])
+    return n, c, h, w, kh, kw, ho, wo
+
+
+def _geometry(weight, stride, padding, dilation) -> dict:
+    kh, kw = weight.shape[2:]
+    return dict(
+        KH=kh, KW=kw, SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1],
+        DH=dilation[0], DW=dilation[1],
+    )  # fmt: skip
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("paratrain::depthwise_conv2d", mutates_args=())
+def depthwise_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> torch.Tensor:
+    """A depthwise convolution (groups = channels) of a channels_last input; the output
+    channels_last in the input's dtype."""
+    n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
+    if not _uses_triton(x):
+        k = weight.to(x.dtype)
+        return F.conv2d(
+            x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c
+        )
+    x = _channels_last(x)
+    y = torch.empty(
+        (n, c, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last
+    )
+    block_p, block_c = _blocks(c)
+    grid = (triton.cdiv(n * ho * wo, block_p), triton.cdiv(c, block_c))
+    _dw_forward[grid](
+        x, weight, bias if bias is not None else weight, y,
+        n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
+        **_geometry(weight, stride, padding, dilation),
+        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c,
+    )  # fmt: skip
+    return y
+
+
+@depthwise_conv2d.register_fake
+def _(x, weight, bias, stride, padding, dilation):
+    n, c, _, _, _, _, ho, wo = _shape(x, weight, stride, padding, dilation)
+    return torch.empty(
+        (n, c, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last
+    )
+
+
+@torch.library.custom_op("paratrain::depthwise_conv2d_backward", mutates_args=())
+def depthwise_conv2d_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (input gradient in the input's dtype, weight gradient and bias gradient in fp32)."""
+    n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
+    if not _uses_triton(x):
+        k = weight.to(x.dtype)
+        g = grad.to(x.dtype)
+        dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, c)
+        dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, c)
+        return dx, dw.float(), g.float().sum((0, 2, 3))
+    x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
+    dx = torch.empty_like(x, memory_format=torch.channels_last)
+    block_p, block_c = _blocks(c)
+    geometry = _geometry(weight, stride, padding, dilation)
+    grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
+    _dw_input_grad[grid](
+        grad, weight, dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c,
+    )  # fmt: skip
+    rows = triton.next_power_of_2(kh * kw + 1)
+    blocks = triton.cdiv(n * ho * wo, block_p)
+    programs = min(blocks, 1024 if x.is_cuda else 4)  # a few waves of the GPU's SMs
+    part = torch.empty((programs, rows, c), dtype=torch.float32, device=x.device)
+    _dw_weight_grad[(programs, triton.cdiv(c, block_c))](
+        grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
+        **geometry, ROWS=rows, BLOCK_P=block_p, BLOCK_C=block_c,
+    )  # fmt: skip
+    total = part.sum(0)
+    return dx, total[: kh * kw].t().reshape(c, 1, kh, kw).contiguous(), total[kh * kw].contiguous()
+
+
+@depthwise_conv2d_backward.register_fake
+def _(grad, x, weight, stride, padding, dilation):
+    c = x.shape[1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    return (
+        dx,
+        weight.new_empty(weight.shape, dtype=torch.float32),
+        x.new_empty(c, dtype=torch.float32),
+    )
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.geometry = (stride, padding, dilation)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    dx, dw, db = depthwise_conv2d_backward(grad, x, weight, *ctx.geometry)
+    return dx, dw.to(weight.dtype), db.to(weight.dtype) if ctx.has_bias else None, None, None, None
+
+
+depthwise_conv2d.register_autograd(_backward, setup_context=_setup)
+
+
+class TritonDepthwise(Depthwise):
+    """paratrain::depthwise_conv2d (models/depthwise.py's Depthwise: the same Parameters under
+    the same names, so state dicts, checkpoints and optimizers do not see the swap)."""
+
+    def swapped(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):  # a convolution computes in autocast's dtype
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        return depthwise_conv2d(
+            x, self.weight, self.bias, list(self.stride), list(self.padding), list(self.dilation)
+        )

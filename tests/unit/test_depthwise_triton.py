@@ -1,0 +1,90 @@
+"""model.depthwise_conv=triton: paratrain's depthwise kernels (models/depthwise_triton.py) give
+nn.Conv2d's output and gradients. The kernels themselves run here in Triton's CPU interpreter
+(TRITON_INTERPRET=1, read when the kernels are defined: hence a process of their own); on a GPU,
+tests/gpu/test_gpu_depthwise.py compares them with cuDNN. Without CUDA or the interpreter the op
+is PyTorch's convolution, checked in this process."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain.models.depthwise import swap_depthwise
+from paratrain.models.depthwise_triton import TritonDepthwise
+from paratrain.models.vision import build_mobilenet_v2
+
+pytest.importorskip("triton")
+
+KERNELS = r"""
+import torch, torch.nn.functional as F
+from torch import nn
+from paratrain.models.depthwise_triton import TritonDepthwise, depthwise_conv2d
+
+torch.manual_seed(0)
+# (channels, side, kernel, stride, padding, dilation, bias): 3x3 stride 1 and 2 as MobileNetV2's,
+# a 5x5, a dilated one; 70 channels: two channel blocks, the second partly masked
+for c, side, k, s, p, d, bias in [
+    (6, 13, 3, 1, 1, 1, False), (70, 12, 3, 2, 1, 1, True), (3, 11, 5, 2, 2, 1, True),
+    (4, 11, 3, 1, 2, 2, False),
+]:
+    conv = nn.Conv2d(c, c, k, s, p, d, groups=c, bias=bias)
+    mine = TritonDepthwise(conv)
+    x = torch.randn(2, c, side, side + 1).contiguous(memory_format=torch.channels_last)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref, out = conv(x1), mine(x2)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [q.grad.clone() for q in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
+    for a, q in zip(want, conv.parameters(), strict=True):
+        assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
+
+# an NCHW input (made channels_last inside); bf16 under autocast: the interpreter rounds
+# fp32 -> bf16 by truncation, not to nearest as GPUs do, so only a bf16-sized tolerance here
+conv = nn.Conv2d(8, 8, 3, 2, 1, groups=8, bias=False)
+x = torch.randn(2, 8, 12, 10)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    ref, out = conv(x), TritonDepthwise(conv)(x)
+assert out.dtype == ref.dtype == torch.bfloat16
+assert (out.float() - ref.float()).abs().max() < 0.05 * ref.float().abs().max()
+
+# compiled: one op to inductor (its fake shapes and strides), gradients as eager
+model = nn.Sequential(nn.Conv2d(8, 8, 1), TritonDepthwise(conv), nn.ReLU6())
+x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+model(x1).sum().backward()
+torch.compile(model)(x2).sum().backward()
+assert torch.allclose(x1.grad, x2.grad, atol=1e-5)
+print("kernels ok")
+"""
+
+
+def test_the_kernels_match_conv2d_in_tritons_interpreter():
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run(
+        [sys.executable, "-c", KERNELS], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0 and "kernels ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_without_cuda_it_is_pytorchs_convolution():
+    torch.manual_seed(0)
+    model = build_mobilenet_v2(10, in_channels=1)
+    ref = build_mobilenet_v2(10, in_channels=1)
+    ref.load_state_dict(model.state_dict())
+    assert swap_depthwise(model, TritonDepthwise) == 17
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(2, 1, 40, 40)
+    outs = []
+    for m in (model, ref):
+        m.classifier[0].p = 0.0  # no dropout: the two would draw different masks
+        outs.append(m(x))
+        outs[-1].square().sum().backward()
+    assert torch.allclose(*outs, atol=1e-6)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
