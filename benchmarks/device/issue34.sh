@@ -2,6 +2,9 @@
 # Issue 34 on one H200; MODE is one or more of these, run in one device call:
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
+#   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): each depthwise layer
+#     alone (depthwise.json), then the seed-style script and paratrain's fastest rows
+#     (ONLY_IMAGES="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
@@ -50,6 +53,17 @@ full)
     "paratrain compiled + fp8 tensorwise + float8 lm_head=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 delayed + float8 lm_head=torchtitan compiled + fp8 tensorwise"
+  ;;
+images)  # MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style script
+  # beside paratrain's fastest rows (shift-add / Triton depthwise, Triton BatchNorm); first each
+  # depthwise layer alone (depthwise.json)
+  timeout 200 python3 benchmarks/device/depthwise_layers.py "$OUT/depthwise.json" 2>&1 | tail -20
+  eval "only=(${ONLY_IMAGES:-\"plain PyTorch (seed style)\" \"paratrain fastest\"})"; flags=()
+  for o in "${only[@]}"; do flags+=(--only "$o"); done
+  left=$((BUDGET - (SECONDS - start)))
+  timeout -k 15 $left python3 -m paratrain bench recipes/bench/speed.yaml --grid launch.nproc=1 \
+    "${flags[@]}" ${BENCH_FLAGS:-} --db $DB --runs-dir /tmp/runs --no-progress 2>&1 | tee "$OUT/bench_$mode.log" | tail -20
+  python3 benchmarks/device/pair_rows.py $DB "/tmp/rows_$mode.md" "plain PyTorch (seed style)"
   ;;
 profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile_<name>.txt back)
   for entry in ${PROFILES:-}; do

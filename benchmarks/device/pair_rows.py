@@ -1,4 +1,4 @@
-"""The rows of a results DB side by side (tokens/s, step time, MFU, peak memory, mean loss), the
+"""The rows of a results DB side by side (tokens/s, or images/s for image runs; step time, MFU, peak memory, mean loss), the
 ratio of each to a reference label, and the loss curves of label pairs on the same steps:
 rows.md. Issue 34's table from one device call.
 
@@ -11,6 +11,11 @@ import statistics
 import sys
 
 
+def rate(metrics: dict) -> float | None:
+    """Tokens/s of a language model's run, images/s of an image model's."""
+    return metrics.get("tokens_per_s") or metrics.get("unique_samples_per_s")
+
+
 def main() -> None:
     db, out = sys.argv[1], sys.argv[2]
     ref = sys.argv[3] if len(sys.argv) > 3 else None
@@ -21,15 +26,15 @@ def main() -> None:
     ):
         rows[label] = (status, error, json.loads(metrics or "{}"), json.loads(result or "{}"))
     lines = [
-        "| row | tokens/s | ms/step | MFU | peak GiB | mean loss | vs reference |",
+        "| row | tokens/s (img/s) | ms/step | MFU | peak GiB | mean loss | vs reference |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    base = rows.get(ref, (None, None, {}, {}))[2].get("tokens_per_s") if ref else None
+    base = rate(rows.get(ref, (None, None, {}, {}))[2]) if ref else None
     for label, (status, error, m, _) in rows.items():
         if status != "ok":
             lines.append(f"| {label} | {status}: {(error or '')[:80]} | | | | | |")
             continue
-        tps, mfu = m.get("tokens_per_s"), m.get("mfu")
+        tps, mfu = rate(m), m.get("mfu")
         ratio = f"{tps / base:.3f}x" if base and tps else "-"
         lines.append(
             f"| {label} | {tps:,.0f} | {m['step_time_s'] * 1000:.1f} | "

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from torch import nn
 
 from paratrain.models.depthwise import swap_depthwise
 from paratrain.models.depthwise_triton import TritonDepthwise

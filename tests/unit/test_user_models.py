@@ -85,6 +85,10 @@ def test_a_builder_gets_only_what_it_takes_and_a_refused_argument_is_named(tmp_p
             "model.sync_batchnorm: converts BatchNorm for DDP's replicas; this run's "
             "data-parallel wrapper is fsdp",
         ),
+        (
+            ["--set", "model.sync_batchnorm=true", "--set", "model.batchnorm=triton"],
+            "model.sync_batchnorm: takes PyTorch's BatchNorm layers; model.batchnorm=triton",
+        ),
     ],
 )
 def test_sync_batchnorm_where_it_cannot_run_is_one_line(tmp_path, capsys, args, message):

@@ -11,6 +11,7 @@ IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
 
 # Keys that mean something to one task only: a run's result.json leaves the other task's out.
 IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_batchnorm")
+IMAGE_ONLY += ("batchnorm",)
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
 LM_ONLY += ("kernels", "fp8", "fp8_lm_head")
@@ -59,6 +60,11 @@ class ModelConfig:
     """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
     swapped form; below it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and
     below."""
+    batchnorm: Literal["native", "triton"] = "native"
+    """Image model: BatchNorm2d layers (and a ReLU / ReLU6 right after one) through PyTorch, or in
+    training through paratrain's Triton kernels over channels_last tensors, the activation inside
+    (models/batchnorm_triton.py; GPUs; without one, the same arithmetic in torch). Not with
+    model.sync_batchnorm."""
     kernels: Literal["none", "liger", "liger-loss"] = "none"
     """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused

@@ -64,6 +64,11 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
     apply_depthwise_conv(model, cfg)
+    if cfg.batchnorm == "triton":
+        from paratrain.models.batchnorm_triton import triton_batchnorm
+
+        if triton_batchnorm(model) == 0:
+            raise UserError(f"model.batchnorm: {cfg.name} has no BatchNorm2d layer")
     return model
 
 

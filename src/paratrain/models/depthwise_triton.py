@@ -12,8 +12,8 @@ contiguous, so a block of pixels x channels is one coalesced load):
 - forward: a block of output pixels x channels; the k*k taps read from cache after the first;
 - input gradient: a block of input pixels gathers the output gradients of the taps that read it
   (no scatter, no atomics, no padded copy);
-- weight and bias gradients: each program sums products over its share of the output pixels into
-  k*k + 1 rows per channel; torch sums the programs' rows (a few thousand, small).
+- weight and bias gradients (3x3; cuDNN's for other sizes): each program sums products over its
+  share of the output pixels into 10 rows per channel; torch sums the programs' rows (small).
 
 Products and sums are fp32; the weight is rounded to the input's dtype first (what a bf16
 convolution computes with), the bias added in fp32, as in models/depthwise.py. The op is a torch
@@ -40,6 +40,15 @@ except ImportError:  # pragma: no cover - the CPU fallback below needs none of i
 if triton is not None:
 
     @triton.jit
+    def _index(start, BLOCK: tl.constexpr, BIG: tl.constexpr):
+        """start .. start + BLOCK - 1; int64 only where a tensor has 2**31 elements or more
+        (int32 offsets are half the registers and address arithmetic)."""
+        i = start + tl.arange(0, BLOCK)
+        if BIG:
+            i = i.to(tl.int64)
+        return i
+
+    @triton.jit
     def _pixel(p, Ho, Wo):
         wo = p % Wo
         t = p // Wo
@@ -52,9 +61,9 @@ if triton is not None:
         sxn, sxc, sxh, sxw, syn, syc, syh, syw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
-        p = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        p = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         pm, cm = p < P, c < C
         n, ho, wo = _pixel(p, Ho, Wo)
@@ -82,9 +91,9 @@ if triton is not None:
         sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
-        q = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        q = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         qm, cm = q < Q, c < C
         n, h, wi = _pixel(q, H, W)
@@ -110,39 +119,68 @@ if triton is not None:
         )
 
     @triton.jit
-    def _dw_weight_grad(
+    def _tap(
+        x, gv, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw,
+        TI: tl.constexpr, TJ: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    ):  # fmt: skip
+        """gv times the input pixels tap (TI, TJ) of each output pixel reads."""
+        hi = ho * SH - PH + TI * DH
+        wi = wo * SW - PW + TJ * DW
+        ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        at = n * sxn + hi * sxh + wi * sxw
+        xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
+        return gv * xv.to(tl.float32)
+
+    @triton.jit
+    def _dw_weight_grad_3x3(
         g, x, part,
         P, C, H, W, Ho, Wo, blocks,
         sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
-        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        ROWS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+        DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
-        # rows 0 .. KH*KW-1: the taps' weight gradients; row KH*KW: the bias gradient
-        programs = tl.num_programs(0)
+        """Each program's 10 rows of per-channel sums over its output pixels: the 9 taps'
+        weight gradients, then the bias gradient. One accumulator a row, summed over the pixels
+        once at the end (not a cross-thread sum per block: 3x3 spelled out for that)."""
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
-        row = tl.arange(0, ROWS)
-        acc = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
-        for blk in range(tl.program_id(0), blocks, programs):
-            p = (blk * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        z = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        a00, a01, a02, a10, a11, a12, a20, a21, a22, ab = z, z, z, z, z, z, z, z, z, z
+        for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
+            p = _index(blk * BLOCK_P, BLOCK_P, BIG)
             pm = p < P
             n, ho, wo = _pixel(p, Ho, Wo)
             at = n * sgn + ho * sgh + wo * sgw
             gv = tl.load(g + at[:, None] + c[None, :] * sgc, pm[:, None] & cm[None, :], 0.0)
             gv = gv.to(tl.float32)
-            acc += tl.where(row[:, None] == KH * KW, tl.sum(gv, 0)[None, :], 0.0)
-            for i in tl.static_range(KH):
-                hi = ho * SH - PH + i * DH
-                for j in tl.static_range(KW):
-                    wi = wo * SW - PW + j * DW
-                    ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-                    at = n * sxn + hi * sxh + wi * sxw
-                    xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
-                    tap = tl.sum(gv * xv.to(tl.float32), 0)
-                    acc += tl.where(row[:, None] == i * KW + j, tap[None, :], 0.0)
-        out = tl.program_id(0) * ROWS * C + row[:, None] * C + c[None, :]
-        tl.store(part + out, acc, (row[:, None] < ROWS) & cm[None, :])
+            ab += gv
+            t = (x, gv, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
+            a00 += _tap(*t, 0, 0, SH, SW, PH, PW, DH, DW)
+            a01 += _tap(*t, 0, 1, SH, SW, PH, PW, DH, DW)
+            a02 += _tap(*t, 0, 2, SH, SW, PH, PW, DH, DW)
+            a10 += _tap(*t, 1, 0, SH, SW, PH, PW, DH, DW)
+            a11 += _tap(*t, 1, 1, SH, SW, PH, PW, DH, DW)
+            a12 += _tap(*t, 1, 2, SH, SW, PH, PW, DH, DW)
+            a20 += _tap(*t, 2, 0, SH, SW, PH, PW, DH, DW)
+            a21 += _tap(*t, 2, 1, SH, SW, PH, PW, DH, DW)
+            a22 += _tap(*t, 2, 2, SH, SW, PH, PW, DH, DW)
+        out = part + tl.program_id(0) * 10 * C + c
+        tl.store(out, tl.sum(a00, 0), cm)
+        tl.store(out + C, tl.sum(a01, 0), cm)
+        tl.store(out + 2 * C, tl.sum(a02, 0), cm)
+        tl.store(out + 3 * C, tl.sum(a10, 0), cm)
+        tl.store(out + 4 * C, tl.sum(a11, 0), cm)
+        tl.store(out + 5 * C, tl.sum(a12, 0), cm)
+        tl.store(out + 6 * C, tl.sum(a20, 0), cm)
+        tl.store(out + 7 * C, tl.sum(a21, 0), cm)
+        tl.store(out + 8 * C, tl.sum(a22, 0), cm)
+        tl.store(out + 9 * C, tl.sum(ab, 0), cm)
+
+
+def _big(*tensors: torch.Tensor) -> bool:
+    """Offsets past int32 (with room for a block's masked rows beyond the end)."""
+    return max(t.numel() for t in tensors) >= 2**31 - 2**24
 
 
 def _interpreting() -> bool:
@@ -159,9 +197,10 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 
 def _blocks(c: int) -> tuple[int, int]:
     """(pixels, channels) per program: all of a small layer's channels (one coalesced row per
-    pixel), 64 at most; about 4,096 elements a block."""
+    pixel), 64 at most; 1,024 elements a block. The 9 taps' loads are all in flight at once:
+    4,096-element blocks spilled registers (ptxas, sm_90), 1,024 use ~130 and none."""
     block_c = min(64, triton.next_power_of_2(c))
-    return 4096 // block_c, block_c
+    return 1024 // block_c, block_c
 
 
 def _shape(x, weight, stride, padding, dilation):
@@ -178,6 +217,11 @@ def _geometry(weight, stride, padding, dilation) -> dict:
         KH=kh, KW=kw, SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1],
         DH=dilation[0], DW=dilation[1],
     )  # fmt: skip
+
+
+def _acc(weight: torch.Tensor) -> torch.dtype:
+    """The weight and bias gradients' dtype: fp32, or the weight's when wider."""
+    return torch.promote_types(weight.dtype, torch.float32)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -211,7 +255,7 @@ def depthwise_conv2d(
         x, weight, bias if bias is not None else weight, y,
         n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
         **_geometry(weight, stride, padding, dilation),
-        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c,
+        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
     )  # fmt: skip
     return y
 
@@ -233,14 +277,15 @@ def depthwise_conv2d_backward(
     padding: list[int],
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (input gradient in the input's dtype, weight gradient and bias gradient in fp32)."""
+    """-> (input gradient in the input's dtype, weight and bias gradients in fp32, or in the
+    weight's dtype when wider)."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
     if not _uses_triton(x):
         k = weight.to(x.dtype)
         g = grad.to(x.dtype)
         dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, c)
         dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, c)
-        return dx, dw.float(), g.float().sum((0, 2, 3))
+        return dx, dw.to(_acc(weight)), g.to(_acc(weight)).sum((0, 2, 3))
     x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
     dx = torch.empty_like(x, memory_format=torch.channels_last)
     block_p, block_c = _blocks(c)
@@ -248,18 +293,25 @@ def depthwise_conv2d_backward(
     grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
     _dw_input_grad[grid](
         grad, weight, dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
-        **geometry, BLOCK_P=block_p, BLOCK_C=block_c,
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
     )  # fmt: skip
-    rows = triton.next_power_of_2(kh * kw + 1)
+    if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
+        k = weight.to(x.dtype)
+        dw = torch.nn.grad.conv2d_weight(x, k.shape, grad, stride, padding, dilation, c)
+        return dx, dw.to(_acc(weight)), grad.to(_acc(weight)).sum((0, 2, 3))
+    # 10 accumulators of 512 elements: ~100 registers (1,024-element ones: 212)
+    block_c = min(64, triton.next_power_of_2(c))
+    block_p = 512 // block_c
     blocks = triton.cdiv(n * ho * wo, block_p)
-    programs = min(blocks, 1024 if x.is_cuda else 4)  # a few waves of the GPU's SMs
-    part = torch.empty((programs, rows, c), dtype=torch.float32, device=x.device)
-    _dw_weight_grad[(programs, triton.cdiv(c, block_c))](
+    programs = min(blocks, 2048 if x.is_cuda else 4)  # a few waves of the GPU's SMs
+    part = torch.empty((programs, 10, c), dtype=torch.float32, device=x.device)
+    geometry = {k: v for k, v in geometry.items() if k not in ("KH", "KW")}
+    _dw_weight_grad_3x3[(programs, triton.cdiv(c, block_c))](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
-        **geometry, ROWS=rows, BLOCK_P=block_p, BLOCK_C=block_c,
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
     )  # fmt: skip
-    total = part.sum(0)
-    return dx, total[: kh * kw].t().reshape(c, 1, kh, kw).contiguous(), total[kh * kw].contiguous()
+    total = part.sum(0).to(_acc(weight))
+    return dx, total[:9].t().reshape(c, 1, 3, 3).contiguous(), total[9].contiguous()
 
 
 @depthwise_conv2d_backward.register_fake
@@ -268,8 +320,8 @@ def _(grad, x, weight, stride, padding, dilation):
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     return (
         dx,
-        weight.new_empty(weight.shape, dtype=torch.float32),
-        x.new_empty(c, dtype=torch.float32),
+        weight.new_empty(weight.shape, dtype=_acc(weight)),
+        x.new_empty(c, dtype=_acc(weight)),
     )
 
 

@@ -165,6 +165,11 @@ def check_supported(task: Task, layout: Layout, strategy: str, precision: str) -
 def check_sync_batchnorm(cfg, wrapper: str | None, device: str) -> None:
     if not cfg.model.sync_batchnorm:
         return
+    if cfg.model.batchnorm != "native":
+        raise ValueError(
+            "model.sync_batchnorm: takes PyTorch's BatchNorm layers; model.batchnorm="
+            f"{cfg.model.batchnorm} replaces them: set model.batchnorm=native"
+        )
     if wrapper != "ddp":
         raise ValueError(
             "model.sync_batchnorm: converts BatchNorm for DDP's replicas; this run's "

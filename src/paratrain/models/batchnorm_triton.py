@@ -1,0 +1,347 @@
+"""Training-mode BatchNorm (and the ReLU6 / ReLU after it) as Triton kernels over channels_last
+tensors (model.batchnorm=triton).
+
+MobileNetV2 at 500x500 input spends most of its step in BatchNorm: 36 layers whose inputs reach
+64 x 96 x 250 x 250. Each is a pass over memory with nothing to compute, and in channels_last
+the statistics are sums down the columns of an [N*H*W, C] matrix with few columns (16 to 144
+at the largest sides), which inductor's generated reductions read at a fraction of the GPU's
+bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix in row blocks,
+all of a layer's channels at once (one contiguous stretch of memory a block), each program
+summing its share of the rows into one row of partial sums; torch adds the programs' rows:
+
+- forward: the statistics (one read), then y = act(x * scale + shift) (one read, one write);
+- backward: the sums of the gradient and of gradient x (x - mean) over each channel, the
+  activation's mask recomputed from x (one read of each), then the input gradient, an affine
+  function of the two per channel (one read of each, one write).
+
+The activation comes inside the same kernels, so its input is never stored. Statistics are fp32
+(sums taken from each channel's first value, against cancellation), the output in x's dtype,
+as PyTorch's BatchNorm under autocast. The running statistics update as nn.BatchNorm2d's
+(momentum, unbiased variance). Eval mode, and BatchNorm layers of other settings (no affine, no
+running statistics, cumulative momentum), are nn.BatchNorm2d's own code. Without CUDA (and
+without TRITON_INTERPRET=1, Triton's CPU interpreter the tests use) the ops are the same
+arithmetic in torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.models.swap import swap_modules
+
+try:  # Triton ships with torch's CUDA wheels; CPU-only installs may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the torch arithmetic below needs none of it
+    triton = None
+
+NONE, RELU, RELU6 = 0, 1, 2  # the activation after the normalisation
+
+if triton is not None:
+
+    @triton.jit
+    def _index(start, BLOCK: tl.constexpr, BIG: tl.constexpr):
+        """start .. start + BLOCK - 1; int64 only where a tensor has 2**31 elements or more
+        (int32 offsets are half the registers and address arithmetic)."""
+        i = start + tl.arange(0, BLOCK)
+        if BIG:
+            i = i.to(tl.int64)
+        return i
+
+    @triton.jit
+    def _act_mask(z, ACT: tl.constexpr):
+        """Where the activation passes its gradient (its derivative, 0 or 1)."""
+        passes = z == z
+        if ACT == 1:
+            passes = z > 0
+        if ACT == 2:
+            passes = (z > 0) & (z < 6)
+        return passes
+
+    @triton.jit
+    def _col_sums(
+        x, g, shift, part, P, C, blocks,
+        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+    ):  # fmt: skip
+        """Each program's row of per-channel sums over its row blocks of the [P, C] matrix.
+        GRAD=False: sum(x - s), sum((x - s)^2) with s = shift (statistics, from a value of the
+        channel). GRAD=True: g's sum and sum(g * (x - mean)) with shift = [scale, shift, mean],
+        g masked by the activation at z = x * scale + shift."""
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        if GRAD:
+            scale = tl.load(shift + c, cm, 0.0)
+            bias = tl.load(shift + C + c, cm, 0.0)
+            s = tl.load(shift + 2 * C + c, cm, 0.0)
+        else:
+            s = tl.load(shift + c, cm, 0.0)
+        # one accumulator element a thread's element: summed across threads once, at the end
+        first = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        second = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
+            r = _index(blk * BLOCK_P, BLOCK_P, BIG)
+            m = (r < P)[:, None] & cm[None, :]
+            at = r[:, None] * C + c[None, :]
+            v = tl.load(x + at, m, 0.0).to(tl.float32)
+            d = tl.where(m, v - s[None, :], 0.0)
+            if GRAD:
+                gv = tl.load(g + at, m, 0.0).to(tl.float32)
+                z = v * scale[None, :] + bias[None, :]
+                gv = tl.where(_act_mask(z, ACT), gv, 0.0)
+                first += gv
+                second += gv * d
+            else:
+                first += d
+                second += d * d
+        out = part + tl.program_id(0) * 2 * C + c
+        tl.store(out, tl.sum(first, 0), cm)
+        tl.store(out + C, tl.sum(second, 0), cm)
+
+    @triton.jit
+    def _affine(
+        x, g, coef, y, P, C,
+        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+    ):  # fmt: skip
+        """GRAD=False: y = act(x * a + b), coef = [a, b]. GRAD=True: the input gradient
+        y = k1 * g' + k2 * x + k3 with g' the activation-masked g (mask at x * a + b),
+        coef = [a, b, k1, k2, k3]."""
+        r = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        m = (r < P)[:, None] & cm[None, :]
+        at = r[:, None] * C + c[None, :]
+        v = tl.load(x + at, m, 0.0).to(tl.float32)
+        z = v * tl.load(coef + c, cm, 0.0)[None, :] + tl.load(coef + C + c, cm, 0.0)[None, :]
+        if GRAD:
+            gv = tl.load(g + at, m, 0.0).to(tl.float32)
+            gv = tl.where(_act_mask(z, ACT), gv, 0.0)
+            k1 = tl.load(coef + 2 * C + c, cm, 0.0)[None, :]
+            k2 = tl.load(coef + 3 * C + c, cm, 0.0)[None, :]
+            k3 = tl.load(coef + 4 * C + c, cm, 0.0)[None, :]
+            out = k1 * gv + k2 * v + k3
+        else:
+            out = z
+            if ACT == 1:
+                out = tl.maximum(out, 0.0)
+            if ACT == 2:
+                out = tl.minimum(tl.maximum(out, 0.0), 6.0)
+        tl.store(y + at, out.to(y.dtype.element_ty), m)
+
+
+def _uses_triton(x: torch.Tensor) -> bool:
+    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (N, C, H, W) as the [N*H*W, C] matrix of its channels_last layout (copied if not)."""
+    return (
+        x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+    )
+
+
+def _like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+
+def _blocks(c: int) -> tuple[int, int]:
+    """(rows, channels) a block: every channel of a layer up to 128 (one contiguous stretch of
+    the matrix), 2,048 elements (~70 registers on sm_90; 8,192 took all 255)."""
+    block_c = min(128, triton.next_power_of_2(c))
+    return max(16, 2048 // block_c), block_c
+
+
+def _column_sums(x2, g2, vec, act: int) -> torch.Tensor:
+    """-> [2, C] fp32: the two sums of _col_sums over all rows."""
+    p, c = x2.shape
+    block_p, block_c = _blocks(c)
+    blocks = triton.cdiv(p, block_p)
+    programs = min(blocks, 1024 if x2.is_cuda else 4)  # a few waves of the GPU's SMs
+    part = torch.empty((programs, 2, c), dtype=torch.float32, device=x2.device)
+    _col_sums[(programs, triton.cdiv(c, block_c))](
+        x2, x2 if g2 is None else g2, vec, part, p, c, blocks,
+        ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
+        BIG=x2.numel() >= 2**31 - 2**24,  # offsets past int32, with room for masked rows
+    )  # fmt: skip
+    return part.sum(0)
+
+
+def _apply(x2, g2, coef, out, act: int) -> None:
+    p, c = x2.shape
+    block_p, block_c = _blocks(c)
+    _affine[(triton.cdiv(p, block_p), triton.cdiv(c, block_c))](
+        x2, x2 if g2 is None else g2, coef, out, p, c,
+        ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
+        BIG=x2.numel() >= 2**31 - 2**24,  # offsets past int32, with room for masked rows
+    )  # fmt: skip
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """The statistics' dtype: fp32, or x's when wider (a float64 model's)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _activate(z: torch.Tensor, act: int) -> torch.Tensor:
+    return z.clamp(0, 6) if act == RELU6 else z.clamp_min(0) if act == RELU else z
+
+
+def _passes(z: torch.Tensor, act: int) -> torch.Tensor:
+    if act == RELU6:
+        return (z > 0) & (z < 6)
+    return z > 0 if act == RELU else torch.ones_like(z, dtype=torch.bool)
+
+
+@torch.library.custom_op("paratrain::batch_norm_act", mutates_args=())
+def batch_norm_act(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, act: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training-mode BatchNorm of x over (N, H, W), then the activation `act`:
+    -> (y channels_last in x's dtype, the batch mean, 1 / sqrt(biased variance + eps)), fp32."""
+    if not _uses_triton(x):
+        xf = x.to(_acc(x))
+        var, mean = torch.var_mean(xf, dim=(0, 2, 3), unbiased=False)
+        invstd = torch.rsqrt(var + eps)
+        scale = weight.to(xf.dtype) * invstd
+        z = xf * scale.view(1, -1, 1, 1) + (bias.to(xf.dtype) - mean * scale).view(1, -1, 1, 1)
+        y = _activate(z, act).to(x.dtype).contiguous(memory_format=torch.channels_last)
+        return y, mean, invstd
+    x2 = _rows(x)
+    first = x2[0].float().contiguous()
+    sums = _column_sums(x2, None, first, act)
+    count = x2.shape[0]
+    centred = sums[0] / count  # mean - first
+    mean = first + centred
+    invstd = torch.rsqrt((sums[1] / count - centred * centred).clamp_min(0) + eps)
+    scale = weight.float() * invstd
+    y = _like(x)
+    _apply(x2, None, torch.cat([scale, bias.float() - mean * scale]), _rows(y), act)
+    return y, mean, invstd
+
+
+@batch_norm_act.register_fake
+def _(x, weight, bias, eps, act):
+    c = x.shape[1]
+    stat = x.new_empty(c, dtype=_acc(x))
+    return _like(x), stat, stat.clone()
+
+
+@torch.library.custom_op("paratrain::batch_norm_act_backward", mutates_args=())
+def batch_norm_act_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    act: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (input gradient channels_last in x's dtype, weight and bias gradients in the
+    statistics' dtype)."""
+    count = x.numel() // x.shape[1]
+    scale = weight.to(invstd.dtype) * invstd
+    shift = bias.to(invstd.dtype) - mean * scale
+    if not _uses_triton(x):
+        xf = x.to(invstd.dtype)
+        z = xf * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+        g = torch.where(_passes(z, act), grad.to(xf.dtype), 0.0)
+        sum_g, sum_gx = g.sum((0, 2, 3)), (g * (xf - mean.view(1, -1, 1, 1))).sum((0, 2, 3))
+    else:
+        x2, g2 = _rows(x), _rows(grad.to(x.dtype))
+        sum_g, sum_gx = _column_sums(x2, g2, torch.cat([scale, shift, mean]), act)
+    # dx = scale * (g - mean(g) - xhat * mean(g * xhat)), an affine function of g and x
+    k2 = -scale * invstd * invstd * sum_gx / count
+    k3 = -scale * sum_g / count - k2 * mean
+    if not _uses_triton(x):
+        dx = scale.view(1, -1, 1, 1) * g + k2.view(1, -1, 1, 1) * xf + k3.view(1, -1, 1, 1)
+        dx = dx.to(x.dtype).contiguous(memory_format=torch.channels_last)
+    else:
+        dx = _like(x)
+        _apply(x2, g2, torch.cat([scale, shift, scale, k2, k3]), _rows(dx), act)
+    return dx, sum_gx * invstd, sum_g
+
+
+@batch_norm_act_backward.register_fake
+def _(grad, x, weight, bias, mean, invstd, act):
+    return _like(x), mean.new_empty(mean.shape), mean.new_empty(mean.shape)
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, _, act = inputs
+    _, mean, invstd = output
+    ctx.save_for_backward(x, weight, bias, mean, invstd)
+    ctx.act = act
+    ctx.mark_non_differentiable(mean, invstd)
+
+
+def _backward(ctx, grad, _mean, _invstd):
+    x, weight, bias, mean, invstd = ctx.saved_tensors
+    dx, dw, db = batch_norm_act_backward(grad, x, weight, bias, mean, invstd, ctx.act)
+    return dx, dw.to(weight.dtype), db.to(bias.dtype), None, None
+
+
+batch_norm_act.register_autograd(_backward, setup_context=_setup)
+
+
+class TritonBatchNorm(nn.Module):
+    """A BatchNorm2d (its Parameters and buffers, under the same names) and the activation that
+    followed it, in training through paratrain::batch_norm_act, in eval as PyTorch does."""
+
+    def __init__(self, bn: nn.BatchNorm2d, act: int = NONE):
+        super().__init__()
+        self.weight, self.bias = bn.weight, bn.bias
+        self.register_buffer("running_mean", bn.running_mean)
+        self.register_buffer("running_var", bn.running_var)
+        self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
+        self.eps, self.momentum, self.act = bn.eps, bn.momentum, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            y = F.batch_norm(
+                x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            )
+            return _activate(y, self.act)
+        y, mean, invstd = batch_norm_act(x, self.weight, self.bias, self.eps, self.act)
+        count = x.numel() // x.shape[1]
+        with torch.no_grad():  # as nn.BatchNorm2d: the unbiased variance into the running one
+            var = (invstd.pow(-2) - self.eps) * (count / max(count - 1, 1))
+            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(var.to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked.add_(1)
+        return y
+
+    def extra_repr(self) -> str:
+        act = {NONE: "", RELU: ", then ReLU", RELU6: ", then ReLU6"}[self.act]
+        return f"{self.weight.shape[0]}, eps={self.eps}, momentum={self.momentum}{act}"
+
+
+def _swappable(bn: nn.Module) -> bool:
+    return (
+        type(bn) is nn.BatchNorm2d
+        and bn.affine
+        and bn.track_running_stats
+        and bn.momentum is not None
+    )
+
+
+def _activation(module: nn.Module) -> int | None:
+    if type(module) is nn.ReLU6:
+        return RELU6
+    return RELU if type(module) is nn.ReLU else None
+
+
+def triton_batchnorm(model: nn.Module) -> int:
+    """Swap model's BatchNorm2d layers for TritonBatchNorm; a ReLU6 / ReLU right after one in
+    the same nn.Sequential joins it (and becomes nn.Identity, so the state dict keeps its keys).
+    -> how many BatchNorm layers were swapped."""
+    joined: dict[int, int] = {}
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        items = list(seq.named_children())
+        for (_, bn), (name, nxt) in zip(items, items[1:], strict=False):
+            act = _activation(nxt)
+            if _swappable(bn) and act is not None:
+                joined[id(bn)] = act
+                setattr(seq, name, nn.Identity())
+    return swap_modules(model, _swappable, lambda bn: TritonBatchNorm(bn, joined.get(id(bn), NONE)))

@@ -1,0 +1,120 @@
+"""model.batchnorm=triton: paratrain's training BatchNorm (+ ReLU6 / ReLU) kernels
+(models/batchnorm_triton.py) against nn.BatchNorm2d and the activation after it: output, input
+and parameter gradients, running statistics. The kernels run in Triton's CPU interpreter
+(TRITON_INTERPRET=1, read when they are defined: a process of their own); on a GPU,
+tests/gpu/test_gpu_depthwise.py compares a whole MobileNetV2 step. Without CUDA or the
+interpreter the ops are the same arithmetic in torch, checked in this process."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain.cli import main
+from paratrain.models.batchnorm_triton import TritonBatchNorm, triton_batchnorm
+from paratrain.models.depthwise import swap_depthwise
+from paratrain.models.depthwise_triton import TritonDepthwise
+from paratrain.models.vision import build_mobilenet_v2
+
+pytest.importorskip("triton")
+
+KERNELS = r"""
+import copy
+import torch
+from torch import nn
+from paratrain.models.batchnorm_triton import NONE, RELU, RELU6, TritonBatchNorm
+
+torch.manual_seed(0)
+# 6 channels; 70 (a masked block); 130 (two channel blocks): with each activation
+for c, act, module in [(6, RELU6, nn.ReLU6()), (70, NONE, nn.Identity()), (130, RELU, nn.ReLU())]:
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2.0)
+        bn.bias.uniform_(-1.0, 1.0)
+    ref = nn.Sequential(copy.deepcopy(bn), module)
+    mine = TritonBatchNorm(bn, act)
+    # a mean far from 0 (the sums are taken from each channel's first value) and ReLU6's
+    # both edges reached
+    x = (torch.randn(3, c, 7, 9) * 3 + 20).contiguous(memory_format=torch.channels_last)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = ref(x1), mine(x2)
+    assert b.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(a, b, atol=2e-5), (a - b).abs().max()
+    g = torch.randn_like(a)
+    a.backward(g)
+    b.backward(g)
+    assert torch.allclose(x1.grad, x2.grad, atol=2e-5), (x1.grad - x2.grad).abs().max()
+    for p, q in [(ref[0].weight, bn.weight), (ref[0].bias, bn.bias)]:
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-4), (p.grad - q.grad).abs().max()
+    for p, q in [(ref[0].running_mean, bn.running_mean), (ref[0].running_var, bn.running_var)]:
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-5), (p - q).abs().max()
+    assert bn.num_batches_tracked.item() == ref[0].num_batches_tracked.item() == 1
+
+# bf16 under autocast (the interpreter rounds fp32 -> bf16 by truncation: a bf16 tolerance)
+bn = nn.BatchNorm2d(8)
+x = torch.randn(2, 8, 6, 6).bfloat16()
+ref, out = nn.functional.relu6(copy.deepcopy(bn)(x.float())), TritonBatchNorm(bn, RELU6)(x)
+assert out.dtype == torch.bfloat16 and (out.float() - ref).abs().max() < 0.05
+
+# compiled: the op whole inside inductor's graph, the running statistics updated as eager
+def model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), TritonBatchNorm(nn.BatchNorm2d(8), RELU6))
+eager, compiled = model(), model()
+x = torch.randn(2, 3, 9, 9)
+x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+eager(x1).sum().backward()
+torch.compile(compiled)(x2).sum().backward()
+assert torch.allclose(x1.grad, x2.grad, atol=1e-5)
+assert torch.allclose(eager[1].running_var, compiled[1].running_var, atol=1e-6)
+print("kernels ok")
+"""
+
+
+def test_the_kernels_match_batchnorm_in_tritons_interpreter():
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run(
+        [sys.executable, "-c", KERNELS], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0 and "kernels ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_mobilenet_v2_swapped_trains_and_evaluates_as_before():
+    """All 52 BatchNorm layers swapped, the 35 ReLU6 after them joined; the state dict's keys
+    unchanged; a training step (torch's arithmetic: no CUDA here) and eval as the original's.
+    In float64: in fp32 the 52 layers at this tiny batch amplify rounding to 1-3% in some
+    gradients, for both models alike."""
+    torch.manual_seed(0)
+    model, ref = build_mobilenet_v2(10, in_channels=1), build_mobilenet_v2(10, in_channels=1)
+    ref.load_state_dict(model.state_dict())
+    keys = model.state_dict().keys()
+    assert swap_depthwise(model, TritonDepthwise) == 17
+    assert triton_batchnorm(model) == 52
+    assert sum(m.act != 0 for m in model.modules() if isinstance(m, TritonBatchNorm)) == 35
+    assert not any(isinstance(m, nn.ReLU6) for m in model.modules())
+    assert model.state_dict().keys() == keys
+    model, ref = model.double(), ref.double()
+    x = torch.randn(4, 1, 40, 40, dtype=torch.float64)
+    outs = []
+    for m in (model, ref):
+        m.classifier[0].p = 0.0  # no dropout: the two would draw different masks
+        outs.append(m(x))
+        outs[-1].square().sum().backward()
+    assert torch.allclose(*outs, atol=1e-12)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-9, atol=1e-9)
+    for a, b in zip(model.buffers(), ref.buffers(), strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+    model.eval(), ref.eval()
+    assert torch.allclose(model(x), ref(x), atol=1e-12)
+
+
+def test_a_run_with_both_kernels_on_the_cpu(tmp_path, tiny_overrides):
+    """The settings through the CLI: MobileNetV2 with model.batchnorm=triton and
+    model.depthwise_conv=triton trains (on the CPU: PyTorch's arithmetic)."""
+    sets = ["model.name=mobilenet_v2", "model.batchnorm=triton", "model.depthwise_conv=triton"]
+    sets += ["model.shift_add_min_side=0", "data.image_size=32", "train.max_steps=2"]
+    args = [a for s in sets for a in ("--set", s)]
+    assert main(["run", *tiny_overrides, *args, "--output-dir", str(tmp_path / "out")]) == 0
