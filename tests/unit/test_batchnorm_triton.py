@@ -118,3 +118,17 @@ def test_a_run_with_both_kernels_on_the_cpu(tmp_path, tiny_overrides):
     sets += ["model.shift_add_min_side=0", "data.image_size=32", "train.max_steps=2"]
     args = [a for s in sets for a in ("--set", s)]
     assert main(["run", *tiny_overrides, *args, "--output-dir", str(tmp_path / "out")]) == 0
+
+
+def test_a_sequential_with_a_forward_of_its_own_keeps_its_activation():
+    """Only a plain nn.Sequential runs its layers in order: a subclass's ReLU6 may be used
+    elsewhere in its forward, so it is not joined to the BatchNorm before it."""
+
+    class Residual(nn.Sequential):
+        def forward(self, x):
+            return x + self[1](self[0](x))
+
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU6(), Residual(nn.BatchNorm2d(3), nn.ReLU6()))
+    assert triton_batchnorm(model) == 2
+    assert isinstance(model[1], nn.Identity) and model[0].act != 0
+    assert isinstance(model[2][1], nn.ReLU6) and model[2][0].act == 0

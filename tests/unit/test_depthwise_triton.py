@@ -23,10 +23,11 @@ from paratrain.models.depthwise_triton import TritonDepthwise, depthwise_conv2d
 
 torch.manual_seed(0)
 # (channels, side, kernel, stride, padding, dilation, bias): 3x3 stride 1 and 2 as MobileNetV2's,
-# a 5x5, a dilated one; 70 channels: two channel blocks, the second partly masked
+# a 5x5 (cuDNN's weight gradient), a dilated one; 70 channels: two channel blocks, the second
+# partly masked
 for c, side, k, s, p, d, bias in [
     (6, 13, 3, 1, 1, 1, False), (70, 12, 3, 2, 1, 1, True), (3, 11, 5, 2, 2, 1, True),
-    (4, 11, 3, 1, 2, 2, False),
+    (4, 11, 3, 1, 2, 2, False), (1, 9, 3, 1, 1, 1, True),  # one channel: no aliased outputs
 ]:
     conv = nn.Conv2d(c, c, k, s, p, d, groups=c, bias=bias)
     mine = TritonDepthwise(conv)
@@ -78,12 +79,27 @@ def test_without_cuda_it_is_pytorchs_convolution():
     ref.load_state_dict(model.state_dict())
     assert swap_depthwise(model, TritonDepthwise) == 17
     assert model.state_dict().keys() == ref.state_dict().keys()
-    x = torch.randn(2, 1, 40, 40)
+    # float64: the swapped layers hand on channels_last tensors, so later layers sum in
+    # another order than the reference's; in fp32 that alone moves the output by ~1e-5
+    model, ref = model.double(), ref.double()
+    x = torch.randn(2, 1, 40, 40, dtype=torch.float64)
     outs = []
     for m in (model, ref):
         m.classifier[0].p = 0.0  # no dropout: the two would draw different masks
         outs.append(m(x))
         outs[-1].square().sum().backward()
-    assert torch.allclose(*outs, atol=1e-6)
+    assert torch.allclose(*outs, atol=1e-12)
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+        assert torch.allclose(a.grad, b.grad, rtol=1e-9, atol=1e-9)
+
+
+def test_compiled_without_cuda_the_strides_are_what_the_op_declares():
+    """PyTorch's convolution in the op's place must still return channels_last tensors, or
+    inductor's stride check fails (an NCHW input here)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 4, 3, 1, 1, groups=4, bias=False)
+    x = torch.randn(2, 4, 9, 9)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.compile(TritonDepthwise(conv))(x1).square().sum().backward()
+    conv(x2).square().sum().backward()
+    assert torch.allclose(x1.grad, x2.grad, atol=1e-5)

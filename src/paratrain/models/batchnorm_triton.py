@@ -133,7 +133,11 @@ if triton is not None:
 
 
 def _uses_triton(x: torch.Tensor) -> bool:
-    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    """The kernels (fp32 statistics) for CUDA tensors and in the interpreter; torch's
+    arithmetic otherwise, and for float64 (its statistics in float64, as the fake says)."""
+    if triton is None or x.dtype == torch.float64:
+        return False
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -303,10 +307,12 @@ class TritonBatchNorm(nn.Module):
                 x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
             )
             return _activate(y, self.act)
-        y, mean, invstd = batch_norm_act(x, self.weight, self.bias, self.eps, self.act)
         count = x.numel() // x.shape[1]
+        if count < 2:  # nn.BatchNorm2d's refusal: no variance from one value
+            raise ValueError(f"Expected more than 1 value per channel when training, got {count}")
+        y, mean, invstd = batch_norm_act(x, self.weight, self.bias, self.eps, self.act)
         with torch.no_grad():  # as nn.BatchNorm2d: the unbiased variance into the running one
-            var = (invstd.pow(-2) - self.eps) * (count / max(count - 1, 1))
+            var = (invstd.pow(-2) - self.eps).clamp_min(0) * (count / (count - 1))
             self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
             self.running_var.lerp_(var.to(self.running_var.dtype), self.momentum)
             self.num_batches_tracked.add_(1)
@@ -337,7 +343,10 @@ def triton_batchnorm(model: nn.Module) -> int:
     the same nn.Sequential joins it (and becomes nn.Identity, so the state dict keeps its keys).
     -> how many BatchNorm layers were swapped."""
     joined: dict[int, int] = {}
-    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+    # only containers that run their layers one after another (a subclass with a forward of
+    # its own might not: its ReLU cannot be moved)
+    plain = [m for m in model.modules() if isinstance(m, nn.Sequential)]
+    for seq in [m for m in plain if type(m).forward is nn.Sequential.forward]:
         items = list(seq.named_children())
         for (_, bn), (name, nxt) in zip(items, items[1:], strict=False):
             act = _activation(nxt)

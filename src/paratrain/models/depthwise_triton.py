@@ -240,12 +240,11 @@ def depthwise_conv2d(
     """A depthwise convolution (groups = channels) of a channels_last input; the output
     channels_last in the input's dtype."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
-    if not _uses_triton(x):
+    if not _uses_triton(x):  # channels_last, as the fake says (inductor checks the strides)
         k = weight.to(x.dtype)
-        return F.conv2d(
-            x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c
-        )
-    x = _channels_last(x)
+        y = F.conv2d(x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c)
+        return _channels_last(y)
+    x, weight = _channels_last(x), weight.contiguous()  # the kernels index [C, 1, k, k]
     y = torch.empty(
         (n, c, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last
     )
@@ -285,8 +284,10 @@ def depthwise_conv2d_backward(
         g = grad.to(x.dtype)
         dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, c)
         dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, c)
-        return dx, dw.to(_acc(weight)), g.to(_acc(weight)).sum((0, 2, 3))
+        dw = dw.to(_acc(weight)).contiguous()
+        return _channels_last(dx), dw, g.to(_acc(weight)).sum((0, 2, 3))
     x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
+    weight = weight.contiguous()
     dx = torch.empty_like(x, memory_format=torch.channels_last)
     block_p, block_c = _blocks(c)
     geometry = _geometry(weight, stride, padding, dilation)
@@ -311,7 +312,9 @@ def depthwise_conv2d_backward(
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
     )  # fmt: skip
     total = part.sum(0).to(_acc(weight))
-    return dx, total[:9].t().reshape(c, 1, 3, 3).contiguous(), total[9].contiguous()
+    # copies: with one channel these would be views of `total`, which a custom op may not return
+    dw = total[:9].t().reshape(c, 1, 3, 3).clone(memory_format=torch.contiguous_format)
+    return dx, dw, total[9].clone()
 
 
 @depthwise_conv2d_backward.register_fake
@@ -329,13 +332,14 @@ def _setup(ctx, inputs, output):
     x, weight, bias, stride, padding, dilation = inputs
     ctx.save_for_backward(x, weight)
     ctx.geometry = (stride, padding, dilation)
-    ctx.has_bias = bias is not None
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward(ctx, grad):
     x, weight = ctx.saved_tensors
     dx, dw, db = depthwise_conv2d_backward(grad, x, weight, *ctx.geometry)
-    return dx, dw.to(weight.dtype), db.to(weight.dtype) if ctx.has_bias else None, None, None, None
+    db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
+    return dx, dw.to(weight.dtype), db, None, None, None
 
 
 depthwise_conv2d.register_autograd(_backward, setup_context=_setup)
