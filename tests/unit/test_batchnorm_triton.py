@@ -111,13 +111,16 @@ def test_mobilenet_v2_swapped_trains_and_evaluates_as_before():
     assert torch.allclose(model(x), ref(x), atol=1e-12)
 
 
-def test_a_run_with_both_kernels_on_the_cpu(tmp_path, tiny_overrides):
+def test_a_run_with_both_kernels_on_the_cpu(tmp_path, tiny_overrides, capsys):
     """The settings through the CLI: MobileNetV2 with model.batchnorm=triton and
-    model.depthwise_conv=triton trains (on the CPU: PyTorch's arithmetic)."""
+    model.depthwise_conv=triton trains; on the CPU the plan says PyTorch's arithmetic runs."""
     sets = ["model.name=mobilenet_v2", "model.batchnorm=triton", "model.depthwise_conv=triton"]
     sets += ["model.shift_add_min_side=0", "data.image_size=32", "train.max_steps=2"]
     args = [a for s in sets for a in ("--set", s)]
     assert main(["run", *tiny_overrides, *args, "--output-dir", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr()
+    note = "model.depthwise_conv=triton and model.batchnorm=triton: Triton kernels need a GPU"
+    assert note in out.out + out.err
 
 
 def test_a_sequential_with_a_forward_of_its_own_keeps_its_activation():

@@ -136,6 +136,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     checks.check_clipping(cfg, device_of(cfg))
     task.check(cfg, layout)
     checks.check_interleaved(cfg, degrees["pp"], task)
+    notes += kernel_notes(cfg, task.name, device_of(cfg))
     # the decisions written into the config as it runs (config.yaml): resolving it again
     # gives the same plan
     cfg.task, cfg.strategy, cfg.data.sampler = task.name, strategy, sampler
@@ -152,6 +153,22 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         model=sources.describe_model(cfg, task.model_keys),
         data=sources.describe_data(cfg, task.name),
         notes=tuple(notes),
+    )
+
+
+def kernel_notes(cfg: RunConfig, task: str, device: str) -> list[str]:
+    """paratrain's Triton layers asked for where no GPU runs them: said, not silent."""
+    if task != "image_classification" or device == "cuda":
+        return []
+    asked = [
+        f"model.{key}=triton"
+        for key in ("depthwise_conv", "batchnorm")
+        if getattr(cfg.model, key) == "triton"
+    ]
+    return (
+        [f"{' and '.join(asked)}: Triton kernels need a GPU; on {device}, PyTorch's own arithmetic"]
+        if asked
+        else []
     )
 
 
