@@ -63,13 +63,18 @@ def build_model(cfg: ModelConfig, num_classes: int, in_channels: int) -> nn.Modu
         raise UserError(f"model.name: {cfg.name} raised {type(e).__name__}: {e}") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name: {cfg.name} returned {type(model).__name__}, not an nn.Module")
+    apply_layer_swaps(model, cfg)
+    return model
+
+
+def apply_layer_swaps(model: nn.Module, cfg: ModelConfig) -> None:
+    """The image model's layers in other forms: model.depthwise_conv, model.batchnorm."""
     apply_depthwise_conv(model, cfg)
     if cfg.batchnorm == "triton":
         from paratrain.models.batchnorm_triton import triton_batchnorm
 
         if triton_batchnorm(model) == 0:
             raise UserError(f"model.batchnorm: {cfg.name} has no BatchNorm2d layer")
-    return model
 
 
 def call_builder(builder, name: str, num_classes: int, in_channels: int, kwargs: dict):

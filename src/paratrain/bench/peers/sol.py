@@ -1,9 +1,10 @@
 """Speed of light: one process, one device, one synthetic batch made once on the device and
 trained on again and again. No loader, no host-to-device copy, no communication: the ceiling
 that the data path and the parallel loops are measured against. It honours the compute knobs
-(precision, channels_last, torch.compile with its mode and options, cudnn_benchmark): the same
-model step. With train.profile_steps, the steps right after warm-up are profiled (profile.txt in
-OUT_DIR, as paratrain run writes it) and left out of the measurement.
+(precision, channels_last, torch.compile with its mode and options, cudnn_benchmark, the layer
+swaps model.depthwise_conv and model.batchnorm): the same model step. With train.profile_steps,
+the steps right after warm-up are profiled (profile.txt in OUT_DIR, as paratrain run writes it)
+and left out of the measurement.
 
     python -m paratrain.bench.peers.sol CONFIG_YAML OUT_DIR
 """
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from paratrain.bench.peers import common
 from paratrain.errors import UserError
-from paratrain.models import apply_depthwise_conv
+from paratrain.models import apply_layer_swaps
 from paratrain.profiling import StepProfiler
 
 
@@ -36,7 +37,7 @@ def main() -> None:
 
     model = common.build_model(cfg.model.name, source.num_classes)
     try:
-        apply_depthwise_conv(model, cfg.model)  # as paratrain's models.build_model does
+        apply_layer_swaps(model, cfg.model)  # as paratrain's models.build_model does
     except UserError as e:
         common.fail(str(e))
     model = model.to(device, memory_format=layout)
