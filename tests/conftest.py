@@ -64,6 +64,37 @@ def run_cli(args, *, timeout=300, env=None, module="paratrain", check=True):
     return proc
 
 
+def run_in_triton_interpreter(code: str) -> None:
+    """`code` in a process of its own with TRITON_INTERPRET=1 (read when kernels are defined,
+    so it cannot be set in this one); it must print "kernels ok"."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0 and "kernels ok" in p.stdout, p.stderr[-3000:]
+
+
+def assert_same_step_float64(model, ref, batch: int = 2, side: int = 40) -> None:
+    """One training step of two image models (1 input channel, dropout off) in float64 on one
+    batch: the same output and gradients. float64, as layers swapped for other forms may sum
+    in another order, which a deep fp32 model amplifies past any tight tolerance."""
+    import torch
+
+    model, ref = model.double(), ref.double()
+    x = torch.randn(batch, 1, side, side, dtype=torch.float64)
+    outs = []
+    for m in (model, ref):
+        m.classifier[0].p = 0.0  # no dropout: the two would draw different masks
+        outs.append(m(x))
+        outs[-1].square().sum().backward()
+    assert torch.allclose(*outs, atol=1e-12)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-9, atol=1e-9)
+
+
 def read_result(run_dir) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
 

@@ -27,17 +27,20 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-@pytest.mark.parametrize("form", [ShiftAddDepthwise, TritonDepthwise])
-def test_compiled_step_matches_cudnn_fp32(no_tf32, form):
+def mobilenet_without_dropout() -> nn.Module:
+    """No dropout: two steps on one batch would draw different masks (the classifier's
+    Dropout(0.2) made an earlier form of these tests fail)."""
     torch.manual_seed(0)
-    native = build_mobilenet_v2(10, in_channels=1).cuda().to(memory_format=torch.channels_last)
-    # No dropout: two steps on one batch would draw different masks (the classifier's
-    # Dropout(0.2) made an earlier form of this test fail).
-    for module in native.modules():
+    model = build_mobilenet_v2(10, in_channels=1).cuda().to(memory_format=torch.channels_last)
+    for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-    swapped = copy.deepcopy(native)
-    assert swap_depthwise(swapped, form) == 17
+    return model
+
+
+def compare_steps(native: nn.Module, swapped: nn.Module) -> None:
+    """One fp32 step of each on one batch: the swapped model compiled, the same loss and
+    gradients as the native one, eager."""
     x = torch.randn(8, 1, 128, 128, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (8,), device="cuda")
 
@@ -50,6 +53,30 @@ def test_compiled_step_matches_cudnn_fp32(no_tf32, form):
     loss_b, grads_b = step(torch.compile(swapped))
     assert abs(loss_a - loss_b) / loss_a < 1e-4
     assert F.cosine_similarity(grads_a, grads_b, dim=0) > 0.999
+
+
+def bf16_passes(modules, x):
+    """Forward and backward of each module under bf16 autocast, one input and one output
+    gradient: -> (outputs, [input gradient, parameters' gradients] each), in fp32."""
+    grad_out, outs, grads = None, [], []
+    for module in modules:
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = module(xi)
+        assert out.dtype == torch.bfloat16
+        grad_out = torch.randn_like(out) if grad_out is None else grad_out
+        out.backward(grad_out)
+        outs.append(out.float())
+        grads.append([xi.grad.float(), *(p.grad.float() for p in module.parameters())])
+    return outs, grads
+
+
+@pytest.mark.parametrize("form", [ShiftAddDepthwise, TritonDepthwise])
+def test_compiled_step_matches_cudnn_fp32(no_tf32, form):
+    native = mobilenet_without_dropout()
+    swapped = copy.deepcopy(native)
+    assert swap_depthwise(swapped, form) == 17
+    compare_steps(native, swapped)
 
 
 @pytest.mark.parametrize("form", [ShiftAddDepthwise, TritonDepthwise])
@@ -62,17 +89,7 @@ def test_compiled_layer_matches_cudnn_bf16(channels, stride, form):
     x = torch.randn(4, channels, 250, 250, device="cuda").contiguous(
         memory_format=torch.channels_last
     )
-    grad_out = None
-    outs, grads = [], []
-    for module in (conv, layer):
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = module(xi)
-        assert out.dtype == torch.bfloat16
-        grad_out = torch.randn_like(out) if grad_out is None else grad_out
-        out.backward(grad_out)
-        outs.append(out.float())
-        grads.append((xi.grad.float(), module.weight.grad.float()))
+    outs, grads = bf16_passes((conv, layer), x)
     assert (outs[0] - outs[1]).abs().max() < 0.05 * outs[0].abs().max()
     for a, b in zip(grads[0], grads[1], strict=True):
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
@@ -82,25 +99,10 @@ def test_compiled_triton_batchnorm_step_matches_native_fp32(no_tf32):
     """model.batchnorm=triton (with the Triton depthwise layers) on a whole MobileNetV2 step."""
     from paratrain.models.batchnorm_triton import triton_batchnorm
 
-    torch.manual_seed(0)
-    native = build_mobilenet_v2(10, in_channels=1).cuda().to(memory_format=torch.channels_last)
-    for module in native.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
+    native = mobilenet_without_dropout()
     swapped = copy.deepcopy(native)
     assert swap_depthwise(swapped, TritonDepthwise) == 17 and triton_batchnorm(swapped) == 52
-    x = torch.randn(8, 1, 128, 128, device="cuda").contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (8,), device="cuda")
-
-    def step(model):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
-
-    loss_a, grads_a = step(native)
-    loss_b, grads_b = step(torch.compile(swapped))
-    assert abs(loss_a - loss_b) / loss_a < 1e-4
-    assert F.cosine_similarity(grads_a, grads_b, dim=0) > 0.999
+    compare_steps(native, swapped)
     bufs = zip(native.buffers(), swapped.buffers(), strict=True)
     assert all(torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4) for a, b in bufs)
 
@@ -114,16 +116,7 @@ def test_triton_batchnorm_relu6_layer_matches_native_bf16(channels):
     native, mine = nn.Sequential(copy.deepcopy(bn), nn.ReLU6()), TritonBatchNorm(bn, RELU6)
     x = torch.randn(4, channels, 250, 250, device="cuda", dtype=torch.bfloat16) * 2 + 1
     x = x.contiguous(memory_format=torch.channels_last)
-    grad_out, outs, grads = None, [], []
-    for module in (native, mine):
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = module(xi)
-        assert out.dtype == torch.bfloat16
-        grad_out = torch.randn_like(out) if grad_out is None else grad_out
-        out.backward(grad_out)
-        outs.append(out.float())
-        grads.append([xi.grad.float(), *(p.grad.float() for p in module.parameters())])
+    outs, grads = bf16_passes((native, mine), x)
     assert (outs[0] - outs[1]).abs().max() < 0.05
     for a, b in zip(grads[0], grads[1], strict=True):
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999

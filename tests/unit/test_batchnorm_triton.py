@@ -5,11 +5,9 @@ and parameter gradients, running statistics. The kernels run in Triton's CPU int
 tests/gpu/test_gpu_depthwise.py compares a whole MobileNetV2 step. Without CUDA or the
 interpreter the ops are the same arithmetic in torch, checked in this process."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from conftest import assert_same_step_float64, run_in_triton_interpreter
 from torch import nn
 
 from paratrain.cli import main
@@ -74,11 +72,7 @@ print("kernels ok")
 
 
 def test_the_kernels_match_batchnorm_in_tritons_interpreter():
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
-    p = subprocess.run(
-        [sys.executable, "-c", KERNELS], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert p.returncode == 0 and "kernels ok" in p.stdout, p.stderr[-3000:]
+    run_in_triton_interpreter(KERNELS)
 
 
 def test_mobilenet_v2_swapped_trains_and_evaluates_as_before():
@@ -95,19 +89,11 @@ def test_mobilenet_v2_swapped_trains_and_evaluates_as_before():
     assert sum(m.act != 0 for m in model.modules() if isinstance(m, TritonBatchNorm)) == 35
     assert not any(isinstance(m, nn.ReLU6) for m in model.modules())
     assert model.state_dict().keys() == keys
-    model, ref = model.double(), ref.double()
-    x = torch.randn(4, 1, 40, 40, dtype=torch.float64)
-    outs = []
-    for m in (model, ref):
-        m.classifier[0].p = 0.0  # no dropout: the two would draw different masks
-        outs.append(m(x))
-        outs[-1].square().sum().backward()
-    assert torch.allclose(*outs, atol=1e-12)
-    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, rtol=1e-9, atol=1e-9)
+    assert_same_step_float64(model, ref, batch=4)
     for a, b in zip(model.buffers(), ref.buffers(), strict=True):
         assert torch.allclose(a, b, atol=1e-12)
     model.eval(), ref.eval()
+    x = torch.randn(2, 1, 40, 40, dtype=torch.float64)
     assert torch.allclose(model(x), ref(x), atol=1e-12)
 
 

@@ -25,32 +25,16 @@ arithmetic in torch.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from paratrain.models.swap import swap_modules
-
-try:  # Triton ships with torch's CUDA wheels; CPU-only installs may lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the torch arithmetic below needs none of it
-    triton = None
+from paratrain.models.triton_common import big, block_index, tl, triton, uses_triton
 
 NONE, RELU, RELU6 = 0, 1, 2  # the activation after the normalisation
 
 if triton is not None:
-
-    @triton.jit
-    def _index(start, BLOCK: tl.constexpr, BIG: tl.constexpr):
-        """start .. start + BLOCK - 1; int64 only where a tensor has 2**31 elements or more
-        (int32 offsets are half the registers and address arithmetic)."""
-        i = start + tl.arange(0, BLOCK)
-        if BIG:
-            i = i.to(tl.int64)
-        return i
 
     @triton.jit
     def _act_mask(z, ACT: tl.constexpr):
@@ -83,7 +67,7 @@ if triton is not None:
         first = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         second = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
-            r = _index(blk * BLOCK_P, BLOCK_P, BIG)
+            r = block_index(blk * BLOCK_P, BLOCK_P, BIG)
             m = (r < P)[:, None] & cm[None, :]
             at = r[:, None] * C + c[None, :]
             v = tl.load(x + at, m, 0.0).to(tl.float32)
@@ -109,7 +93,7 @@ if triton is not None:
         """GRAD=False: y = act(x * a + b), coef = [a, b]. GRAD=True: the input gradient
         y = k1 * g' + k2 * x + k3 with g' the activation-masked g (mask at x * a + b),
         coef = [a, b, k1, k2, k3]."""
-        r = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
+        r = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
         m = (r < P)[:, None] & cm[None, :]
@@ -133,11 +117,9 @@ if triton is not None:
 
 
 def _uses_triton(x: torch.Tensor) -> bool:
-    """The kernels (fp32 statistics) for CUDA tensors and in the interpreter; torch's
-    arithmetic otherwise, and for float64 (its statistics in float64, as the fake says)."""
-    if triton is None or x.dtype == torch.float64:
-        return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    """The kernels (fp32 statistics) where they run (triton_common.uses_triton); torch's
+    arithmetic for float64 (its statistics in float64, as the fake says)."""
+    return x.dtype != torch.float64 and uses_triton(x)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +150,7 @@ def _column_sums(x2, g2, vec, act: int) -> torch.Tensor:
     _col_sums[(programs, triton.cdiv(c, block_c))](
         x2, x2 if g2 is None else g2, vec, part, p, c, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=x2.numel() >= 2**31 - 2**24,  # offsets past int32, with room for masked rows
+        BIG=big(x2),
     )  # fmt: skip
     return part.sum(0)
 
@@ -179,7 +161,7 @@ def _apply(x2, g2, coef, out, act: int) -> None:
     _affine[(triton.cdiv(p, block_p), triton.cdiv(c, block_c))](
         x2, x2 if g2 is None else g2, coef, out, p, c,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=x2.numel() >= 2**31 - 2**24,  # offsets past int32, with room for masked rows
+        BIG=big(x2),
     )  # fmt: skip
 
 

@@ -24,29 +24,13 @@ same op runs PyTorch's convolution and its gradients.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from paratrain.models.depthwise import Depthwise
-
-try:  # Triton ships with torch's CUDA wheels; CPU-only installs may lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the CPU fallback below needs none of it
-    triton = None
+from paratrain.models.triton_common import big, block_index, tl, triton, uses_triton
 
 if triton is not None:
-
-    @triton.jit
-    def _index(start, BLOCK: tl.constexpr, BIG: tl.constexpr):
-        """start .. start + BLOCK - 1; int64 only where a tensor has 2**31 elements or more
-        (int32 offsets are half the registers and address arithmetic)."""
-        i = start + tl.arange(0, BLOCK)
-        if BIG:
-            i = i.to(tl.int64)
-        return i
 
     @triton.jit
     def _pixel(p, Ho, Wo):
@@ -63,7 +47,7 @@ if triton is not None:
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
-        p = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
+        p = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         pm, cm = p < P, c < C
         n, ho, wo = _pixel(p, Ho, Wo)
@@ -93,7 +77,7 @@ if triton is not None:
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
-        q = _index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
+        q = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         qm, cm = q < Q, c < C
         n, h, wi = _pixel(q, H, W)
@@ -148,7 +132,7 @@ if triton is not None:
         z = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         a00, a01, a02, a10, a11, a12, a20, a21, a22, ab = z, z, z, z, z, z, z, z, z, z
         for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
-            p = _index(blk * BLOCK_P, BLOCK_P, BIG)
+            p = block_index(blk * BLOCK_P, BLOCK_P, BIG)
             pm = p < P
             n, ho, wo = _pixel(p, Ho, Wo)
             at = n * sgn + ho * sgh + wo * sgw
@@ -176,19 +160,6 @@ if triton is not None:
         tl.store(out + 7 * C, tl.sum(a21, 0), cm)
         tl.store(out + 8 * C, tl.sum(a22, 0), cm)
         tl.store(out + 9 * C, tl.sum(ab, 0), cm)
-
-
-def _big(*tensors: torch.Tensor) -> bool:
-    """Offsets past int32 (with room for a block's masked rows beyond the end)."""
-    return max(t.numel() for t in tensors) >= 2**31 - 2**24
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _uses_triton(x: torch.Tensor) -> bool:
-    return triton is not None and (x.is_cuda or _interpreting())
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -240,7 +211,7 @@ def depthwise_conv2d(
     """A depthwise convolution (groups = channels) of a channels_last input; the output
     channels_last in the input's dtype."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
-    if not _uses_triton(x):  # channels_last, as the fake says (inductor checks the strides)
+    if not uses_triton(x):  # channels_last, as the fake says (inductor checks the strides)
         k = weight.to(x.dtype)
         y = F.conv2d(x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c)
         return _channels_last(y)
@@ -254,7 +225,7 @@ def depthwise_conv2d(
         x, weight, bias if bias is not None else weight, y,
         n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
         **_geometry(weight, stride, padding, dilation),
-        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
+        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
     return y
 
@@ -279,7 +250,7 @@ def depthwise_conv2d_backward(
     """-> (input gradient in the input's dtype, weight and bias gradients in fp32, or in the
     weight's dtype when wider)."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
-    if not _uses_triton(x):
+    if not uses_triton(x):
         k = weight.to(x.dtype)
         g = grad.to(x.dtype)
         dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, c)
@@ -294,7 +265,7 @@ def depthwise_conv2d_backward(
     grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
     _dw_input_grad[grid](
         grad, weight, dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
-        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
         k = weight.to(x.dtype)
@@ -309,7 +280,7 @@ def depthwise_conv2d_backward(
     geometry = {k: v for k, v in geometry.items() if k not in ("KH", "KW")}
     _dw_weight_grad_3x3[(programs, triton.cdiv(c, block_c))](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
-        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=_big(x),
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
     total = part.sum(0).to(_acc(weight))
     # copies: with one channel these would be views of `total`, which a custom op may not return
