@@ -2,9 +2,10 @@
 # Issue 34 on one H200; MODE is one or more of these, run in one device call:
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
-#   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): each depthwise layer
-#     alone (depthwise.json), then the seed-style script and paratrain's fastest rows
-#     (ONLY_IMAGES="<label texts>");
+#   MODE=layers: each MobileNetV2 depthwise layer and each distinct BatchNorm layer alone
+#     (depthwise.json, batchnorm.json): cuDNN, inductor, paratrain's Triton kernels;
+#   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style
+#     script and paratrain's fastest rows (ONLY_IMAGES="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
@@ -54,10 +55,13 @@ full)
     "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 delayed + float8 lm_head=torchtitan compiled + fp8 tensorwise"
   ;;
-images)  # MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style script
-  # beside paratrain's fastest rows (shift-add / Triton depthwise, Triton BatchNorm); first each
-  # depthwise layer alone (depthwise.json)
+layers)  # each MobileNetV2 depthwise and BatchNorm layer alone, forward + backward
   timeout 200 python3 benchmarks/device/depthwise_layers.py "$OUT/depthwise.json" 2>&1 | tail -20
+  left=$((BUDGET - (SECONDS - start)))
+  timeout $left python3 benchmarks/device/batchnorm_layers.py "$OUT/batchnorm.json" 2>&1 | tail -22
+  ;;
+images)  # MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style script
+  # beside paratrain's fastest rows (shift-add / Triton depthwise, Triton BatchNorm)
   eval "only=(${ONLY_IMAGES:-\"plain PyTorch (seed style)\" \"paratrain fastest\"})"; flags=()
   for o in "${only[@]}"; do flags+=(--only "$o"); done
   left=$((BUDGET - (SECONDS - start)))
