@@ -70,6 +70,9 @@ def fwd_bwd(module):
 
 
 def main() -> None:
+    # one compiled module a layer: past dynamo's default 8 recompiles of one frame, the later
+    # layers would silently run eagerly
+    torch._dynamo.config.recompile_limit = 64
     rows = []
     for c, relu6, shape, count in layer_inputs():
         bn = nn.BatchNorm2d(c).cuda()

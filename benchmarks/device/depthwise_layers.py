@@ -58,6 +58,9 @@ def fwd_bwd(module):
 
 
 def main() -> None:
+    # one compiled module a layer: past dynamo's default 8 recompiles of one frame, the later
+    # layers would silently run eagerly
+    torch._dynamo.config.recompile_limit = 64
     torch.backends.cudnn.benchmark = True
     rows = []
     for conv, shape in layer_inputs():
