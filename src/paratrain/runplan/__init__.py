@@ -131,12 +131,13 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         sampler=sampler,
         stages_per_rank=stages_per_rank(cfg, degrees["pp"]),
     )
+    device = device_of(cfg)
     checks.check_supported(task, layout, strategy, cfg.precision)
-    checks.check_sync_batchnorm(cfg, wrapper, device_of(cfg))
-    checks.check_clipping(cfg, device_of(cfg))
+    checks.check_sync_batchnorm(cfg, wrapper, device)
+    checks.check_clipping(cfg, device)
     task.check(cfg, layout)
     checks.check_interleaved(cfg, degrees["pp"], task)
-    notes += kernel_notes(cfg, task.name, device_of(cfg))
+    notes += kernel_notes(cfg, task.name, device)
     # the decisions written into the config as it runs (config.yaml): resolving it again
     # gives the same plan
     cfg.task, cfg.strategy, cfg.data.sampler = task.name, strategy, sampler
@@ -149,7 +150,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         world_size=world,
         nproc=nproc,
         multiprocess=multiprocess,
-        device=device_of(cfg),
+        device=device,
         model=sources.describe_model(cfg, task.model_keys),
         data=sources.describe_data(cfg, task.name),
         notes=tuple(notes),
@@ -165,11 +166,9 @@ def kernel_notes(cfg: RunConfig, task: str, device: str) -> list[str]:
         for key in ("depthwise_conv", "batchnorm")
         if getattr(cfg.model, key) == "triton"
     ]
-    return (
-        [f"{' and '.join(asked)}: Triton kernels need a GPU; on {device}, PyTorch's own arithmetic"]
-        if asked
-        else []
-    )
+    if not asked:
+        return []
+    return [f"{' and '.join(asked)}: Triton kernels need a GPU; on {device}, PyTorch's arithmetic"]
 
 
 def plan_of(recipe, overrides: list[str] | None = None) -> RunPlan:
