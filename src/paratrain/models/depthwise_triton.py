@@ -39,6 +39,21 @@ if triton is not None:
         return t // Ho, t % Ho, wo
 
     @triton.jit
+    def _tap(
+        x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw,
+        TI: tl.constexpr, TJ: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    ):  # fmt: skip
+        """The input pixels tap (TI, TJ) of each output pixel reads (0 in the padding), fp32:
+        what the forward multiplies by the tap's weight, and the weight gradient by dy."""
+        hi = ho * SH - PH + TI * DH
+        wi = wo * SW - PW + TJ * DW
+        ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        at = n * sxn + hi * sxh + wi * sxw
+        xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
+        return xv.to(tl.float32)
+
+    @triton.jit
     def _dw_forward(
         x, w, b, y,
         P, C, H, W, Ho, Wo,
@@ -52,16 +67,12 @@ if triton is not None:
         pm, cm = p < P, c < C
         n, ho, wo = _pixel(p, Ho, Wo)
         acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        t = (x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
         for i in tl.static_range(KH):
-            hi = ho * SH - PH + i * DH
             for j in tl.static_range(KW):
-                wi = wo * SW - PW + j * DW
-                ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-                at = n * sxn + hi * sxh + wi * sxw
-                v = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
                 k = tl.load(w + c * (KH * KW) + i * KW + j, cm, 0.0)
                 k = k.to(x.dtype.element_ty).to(tl.float32)  # the convolution's weight rounding
-                acc += v.to(tl.float32) * k[None, :]
+                acc += _tap(*t, i, j, SH, SW, PH, PW, DH, DW) * k[None, :]
         if HAS_BIAS:
             acc += tl.load(b + c, cm, 0.0).to(tl.float32)[None, :]
         at = n * syn + ho * syh + wo * syw
@@ -103,20 +114,6 @@ if triton is not None:
         )
 
     @triton.jit
-    def _tap(
-        x, gv, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw,
-        TI: tl.constexpr, TJ: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    ):  # fmt: skip
-        """gv times the input pixels tap (TI, TJ) of each output pixel reads."""
-        hi = ho * SH - PH + TI * DH
-        wi = wo * SW - PW + TJ * DW
-        ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-        at = n * sxn + hi * sxh + wi * sxw
-        xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
-        return gv * xv.to(tl.float32)
-
-    @triton.jit
     def _dw_weight_grad_3x3(
         g, x, part,
         P, C, H, W, Ho, Wo, blocks,
@@ -139,16 +136,16 @@ if triton is not None:
             gv = tl.load(g + at[:, None] + c[None, :] * sgc, pm[:, None] & cm[None, :], 0.0)
             gv = gv.to(tl.float32)
             ab += gv
-            t = (x, gv, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
-            a00 += _tap(*t, 0, 0, SH, SW, PH, PW, DH, DW)
-            a01 += _tap(*t, 0, 1, SH, SW, PH, PW, DH, DW)
-            a02 += _tap(*t, 0, 2, SH, SW, PH, PW, DH, DW)
-            a10 += _tap(*t, 1, 0, SH, SW, PH, PW, DH, DW)
-            a11 += _tap(*t, 1, 1, SH, SW, PH, PW, DH, DW)
-            a12 += _tap(*t, 1, 2, SH, SW, PH, PW, DH, DW)
-            a20 += _tap(*t, 2, 0, SH, SW, PH, PW, DH, DW)
-            a21 += _tap(*t, 2, 1, SH, SW, PH, PW, DH, DW)
-            a22 += _tap(*t, 2, 2, SH, SW, PH, PW, DH, DW)
+            t = (x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
+            a00 += gv * _tap(*t, 0, 0, SH, SW, PH, PW, DH, DW)
+            a01 += gv * _tap(*t, 0, 1, SH, SW, PH, PW, DH, DW)
+            a02 += gv * _tap(*t, 0, 2, SH, SW, PH, PW, DH, DW)
+            a10 += gv * _tap(*t, 1, 0, SH, SW, PH, PW, DH, DW)
+            a11 += gv * _tap(*t, 1, 1, SH, SW, PH, PW, DH, DW)
+            a12 += gv * _tap(*t, 1, 2, SH, SW, PH, PW, DH, DW)
+            a20 += gv * _tap(*t, 2, 0, SH, SW, PH, PW, DH, DW)
+            a21 += gv * _tap(*t, 2, 1, SH, SW, PH, PW, DH, DW)
+            a22 += gv * _tap(*t, 2, 2, SH, SW, PH, PW, DH, DW)
         out = part + tl.program_id(0) * 10 * C + c
         tl.store(out, tl.sum(a00, 0), cm)
         tl.store(out + C, tl.sum(a01, 0), cm)
