@@ -7,7 +7,9 @@ the statistics are sums down the columns of an [N*H*W, C] matrix with few column
 at the largest sides), which inductor's generated reductions read at a fraction of the GPU's
 bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix in row blocks,
 all of a layer's channels at once (one contiguous stretch of memory a block), each program
-summing its share of the rows into one row of partial sums; torch adds the programs' rows:
+summing its share of the rows into one row of partial sums; one small kernel adds the programs'
+rows and works out the per-channel terms (as torch arithmetic that was ~15 launches a layer each
+way: 3 ms of a 39 ms step in CUDA graphs, issue 34's profile of 2026-12-03):
 
 - forward: the statistics (one read), then y = act(x * scale + shift) (one read, one write);
 - backward: the sums of the gradient and of gradient x (x - mean) over each channel, the
@@ -48,21 +50,21 @@ if triton is not None:
 
     @triton.jit
     def _col_sums(
-        x, g, shift, part, P, C, blocks,
+        x, g, weight, bias, mean, invstd, part, P, C, blocks,
         ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
         """Each program's row of per-channel sums over its row blocks of the [P, C] matrix.
-        GRAD=False: sum(x - s), sum((x - s)^2) with s = shift (statistics, from a value of the
-        channel). GRAD=True: g's sum and sum(g * (x - mean)) with shift = [scale, shift, mean],
-        g masked by the activation at z = x * scale + shift."""
+        GRAD=False: sum(x - s), sum((x - s)^2) with s = x's first row (each channel's first
+        value). GRAD=True: g's sum and sum(g * (x - mean)), g masked by the activation at
+        z = x * scale + shift (scale and shift from the forward's mean and invstd)."""
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
         if GRAD:
-            scale = tl.load(shift + c, cm, 0.0)
-            bias = tl.load(shift + C + c, cm, 0.0)
-            s = tl.load(shift + 2 * C + c, cm, 0.0)
+            s = tl.load(mean + c, cm, 0.0)
+            scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * tl.load(invstd + c, cm, 0.0)
+            shift = tl.load(bias + c, cm, 0.0).to(tl.float32) - s * scale
         else:
-            s = tl.load(shift + c, cm, 0.0)
+            s = tl.load(x + c, cm, 0.0).to(tl.float32)
         # one accumulator element a thread's element: summed across threads once, at the end
         first = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         second = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
@@ -74,7 +76,7 @@ if triton is not None:
             d = tl.where(m, v - s[None, :], 0.0)
             if GRAD:
                 gv = tl.load(g + at, m, 0.0).to(tl.float32)
-                z = v * scale[None, :] + bias[None, :]
+                z = v * scale[None, :] + shift[None, :]
                 gv = tl.where(_act_mask(z, ACT), gv, 0.0)
                 first += gv
                 second += gv * d
@@ -84,6 +86,61 @@ if triton is not None:
         out = part + tl.program_id(0) * 2 * C + c
         tl.store(out, tl.sum(first, 0), cm)
         tl.store(out + C, tl.sum(second, 0), cm)
+
+    @triton.jit
+    def _part_sums(part, programs, C, c, cm, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """The two rows of per-channel sums, added over _col_sums' programs."""
+        first = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+        second = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+        for r0 in range(0, programs, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            m = (r < programs)[:, None] & cm[None, :]
+            at = r[:, None] * 2 * C + c[None, :]
+            first += tl.load(part + at, m, 0.0)
+            second += tl.load(part + at + C, m, 0.0)
+        return tl.sum(first, 0), tl.sum(second, 0)
+
+    @triton.jit
+    def _finish_stats(
+        x, part, weight, bias, mean, invstd, coef, programs, C, count, eps,
+        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        """The forward's statistics from _col_sums' parts, in one launch (torch's arithmetic
+        for them took ~15 small kernels a layer): mean, invstd and _affine's [scale, shift]."""
+        c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        sum_d, sum_dd = _part_sums(part, programs, C, c, cm, BLOCK_R, BLOCK_C)
+        centred = sum_d / count  # mean - first
+        mu = tl.load(x + c, cm, 0.0).to(tl.float32) + centred
+        inv = 1.0 / tl.sqrt(tl.maximum(sum_dd / count - centred * centred, 0.0) + eps)
+        scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * inv
+        tl.store(mean + c, mu, cm)
+        tl.store(invstd + c, inv, cm)
+        tl.store(coef + c, scale, cm)
+        tl.store(coef + C + c, tl.load(bias + c, cm, 0.0).to(tl.float32) - mu * scale, cm)
+
+    @triton.jit
+    def _finish_grad(
+        part, weight, bias, mean, invstd, coef, dweight, dbias, programs, C, count,
+        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        """The backward's per-channel terms from _col_sums' parts, in one launch: the weight
+        and bias gradients and _affine's [scale, shift, k1, k2, k3], with
+        dx = scale * (g - mean(g) - xhat * mean(g * xhat)) = k1 * g + k2 * x + k3."""
+        c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        sum_g, sum_gx = _part_sums(part, programs, C, c, cm, BLOCK_R, BLOCK_C)
+        mu = tl.load(mean + c, cm, 0.0)
+        inv = tl.load(invstd + c, cm, 0.0)
+        scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * inv
+        k2 = -scale * inv * inv * sum_gx / count
+        tl.store(coef + c, scale, cm)
+        tl.store(coef + C + c, tl.load(bias + c, cm, 0.0).to(tl.float32) - mu * scale, cm)
+        tl.store(coef + 2 * C + c, scale, cm)
+        tl.store(coef + 3 * C + c, k2, cm)
+        tl.store(coef + 4 * C + c, -scale * sum_g / count - k2 * mu, cm)
+        tl.store(dweight + c, sum_gx * inv, cm)
+        tl.store(dbias + c, sum_g, cm)
 
     @triton.jit
     def _affine(
@@ -140,19 +197,26 @@ def _blocks(c: int) -> tuple[int, int]:
     return max(16, 2048 // block_c), block_c
 
 
-def _column_sums(x2, g2, vec, act: int) -> torch.Tensor:
-    """-> [2, C] fp32: the two sums of _col_sums over all rows."""
+def _column_sums(x2, g2, stats, act: int) -> tuple[torch.Tensor, int]:
+    """-> (_col_sums' parts [programs, 2, C] fp32, programs); stats = (weight, bias, mean,
+    invstd) in the backward, None in the forward."""
     p, c = x2.shape
     block_p, block_c = _blocks(c)
     blocks = triton.cdiv(p, block_p)
     programs = min(blocks, 1024 if x2.is_cuda else 4)  # a few waves of the GPU's SMs
     part = torch.empty((programs, 2, c), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, triton.cdiv(c, block_c))](
-        x2, x2 if g2 is None else g2, vec, part, p, c, blocks,
+        x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, p, c, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
         BIG=big(x2),
     )  # fmt: skip
-    return part.sum(0)
+    return part, programs
+
+
+def _finish_grid(c: int) -> tuple[tuple[int], int, int]:
+    """(grid, rows, channels) of the _finish kernels: 2,048 partial sums a step of their loop."""
+    block_c = min(128, triton.next_power_of_2(c))
+    return (triton.cdiv(c, block_c),), max(16, 2048 // block_c), block_c
 
 
 def _apply(x2, g2, coef, out, act: int) -> None:
@@ -195,15 +259,17 @@ def batch_norm_act(
         y = _activate(z, act).to(x.dtype).contiguous(memory_format=torch.channels_last)
         return y, mean, invstd
     x2 = _rows(x)
-    first = x2[0].float().contiguous()
-    sums = _column_sums(x2, None, first, act)
-    count = x2.shape[0]
-    centred = sums[0] / count  # mean - first
-    mean = first + centred
-    invstd = torch.rsqrt((sums[1] / count - centred * centred).clamp_min(0) + eps)
-    scale = weight.float() * invstd
+    c = x2.shape[1]
+    part, programs = _column_sums(x2, None, None, act)
+    mean, invstd = (x.new_empty(c, dtype=torch.float32) for _ in range(2))
+    coef = x.new_empty(2 * c, dtype=torch.float32)
+    grid, block_r, block_c = _finish_grid(c)
+    _finish_stats[grid](
+        x2, part, weight, bias, mean, invstd, coef, programs, c, x2.shape[0], eps,
+        BLOCK_R=block_r, BLOCK_C=block_c,
+    )  # fmt: skip
     y = _like(x)
-    _apply(x2, None, torch.cat([scale, bias.float() - mean * scale]), _rows(y), act)
+    _apply(x2, None, coef, _rows(y), act)
     return y, mean, invstd
 
 
@@ -227,25 +293,31 @@ def batch_norm_act_backward(
     """-> (input gradient channels_last in x's dtype, weight and bias gradients in the
     statistics' dtype)."""
     count = x.numel() // x.shape[1]
+    if _uses_triton(x):
+        x2, g2 = _rows(x), _rows(grad.to(x.dtype))
+        c = x2.shape[1]
+        part, programs = _column_sums(x2, g2, (weight, bias, mean, invstd), act)
+        coef = x.new_empty(5 * c, dtype=torch.float32)
+        dweight, dbias = torch.empty_like(mean), torch.empty_like(mean)
+        grid, block_r, block_c = _finish_grid(c)
+        _finish_grad[grid](
+            part, weight, bias, mean, invstd, coef, dweight, dbias, programs, c, count,
+            BLOCK_R=block_r, BLOCK_C=block_c,
+        )  # fmt: skip
+        dx = _like(x)
+        _apply(x2, g2, coef, _rows(dx), act)
+        return dx, dweight, dbias
     scale = weight.to(invstd.dtype) * invstd
     shift = bias.to(invstd.dtype) - mean * scale
-    if not _uses_triton(x):
-        xf = x.to(invstd.dtype)
-        z = xf * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
-        g = torch.where(_passes(z, act), grad.to(xf.dtype), 0.0)
-        sum_g, sum_gx = g.sum((0, 2, 3)), (g * (xf - mean.view(1, -1, 1, 1))).sum((0, 2, 3))
-    else:
-        x2, g2 = _rows(x), _rows(grad.to(x.dtype))
-        sum_g, sum_gx = _column_sums(x2, g2, torch.cat([scale, shift, mean]), act)
+    xf = x.to(invstd.dtype)
+    z = xf * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+    g = torch.where(_passes(z, act), grad.to(xf.dtype), 0.0)
+    sum_g, sum_gx = g.sum((0, 2, 3)), (g * (xf - mean.view(1, -1, 1, 1))).sum((0, 2, 3))
     # dx = scale * (g - mean(g) - xhat * mean(g * xhat)), an affine function of g and x
     k2 = -scale * invstd * invstd * sum_gx / count
     k3 = -scale * sum_g / count - k2 * mean
-    if not _uses_triton(x):
-        dx = scale.view(1, -1, 1, 1) * g + k2.view(1, -1, 1, 1) * xf + k3.view(1, -1, 1, 1)
-        dx = dx.to(x.dtype).contiguous(memory_format=torch.channels_last)
-    else:
-        dx = _like(x)
-        _apply(x2, g2, torch.cat([scale, shift, scale, k2, k3]), _rows(dx), act)
+    dx = scale.view(1, -1, 1, 1) * g + k2.view(1, -1, 1, 1) * xf + k3.view(1, -1, 1, 1)
+    dx = dx.to(x.dtype).contiguous(memory_format=torch.channels_last)
     return dx, sum_gx * invstd, sum_g
 
 
