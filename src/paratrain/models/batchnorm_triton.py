@@ -7,9 +7,10 @@ the statistics are sums down the columns of an [N*H*W, C] matrix with few column
 at the largest sides), which inductor's generated reductions read at a fraction of the GPU's
 bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix in row blocks,
 all of a layer's channels at once (one contiguous stretch of memory a block), each program
-summing its share of the rows into one row of partial sums; one small kernel adds the programs'
-rows and works out the per-channel terms (as torch arithmetic that was ~15 launches a layer each
-way: 3 ms of a 39 ms step in CUDA graphs, issue 34's profile of 2026-12-03):
+summing its share of the rows into one row of partial sums; torch adds the programs' rows and
+one small kernel works out the per-channel terms from the sums (as torch arithmetic those were
+~15 launches a layer each way: 3 ms of a 39 ms step in CUDA graphs, issue 34's profile of
+2026-12-03):
 
 - forward: the statistics (one read), then y = act(x * scale + shift) (one read, one write);
 - backward: the sums of the gradient and of gradient x (x - mean) over each channel, the
@@ -88,28 +89,15 @@ if triton is not None:
         tl.store(out + C, tl.sum(second, 0), cm)
 
     @triton.jit
-    def _part_sums(part, programs, C, c, cm, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        """The two rows of per-channel sums, added over _col_sums' programs."""
-        first = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-        second = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-        for r0 in range(0, programs, BLOCK_R):
-            r = r0 + tl.arange(0, BLOCK_R)
-            m = (r < programs)[:, None] & cm[None, :]
-            at = r[:, None] * 2 * C + c[None, :]
-            first += tl.load(part + at, m, 0.0)
-            second += tl.load(part + at + C, m, 0.0)
-        return tl.sum(first, 0), tl.sum(second, 0)
-
-    @triton.jit
     def _finish_stats(
-        x, part, weight, bias, mean, invstd, coef, programs, C, count, eps,
-        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+        x, sums, weight, bias, mean, invstd, coef, C, count, eps, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
-        """The forward's statistics from _col_sums' parts, in one launch (torch's arithmetic
-        for them took ~15 small kernels a layer): mean, invstd and _affine's [scale, shift]."""
+        """The forward's statistics from the column sums [2, C], in one launch (torch's
+        arithmetic for them took ~15 small kernels a layer): mean, invstd and _affine's
+        [scale, shift]."""
         c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
-        sum_d, sum_dd = _part_sums(part, programs, C, c, cm, BLOCK_R, BLOCK_C)
+        sum_d, sum_dd = tl.load(sums + c, cm, 0.0), tl.load(sums + C + c, cm, 0.0)
         centred = sum_d / count  # mean - first
         mu = tl.load(x + c, cm, 0.0).to(tl.float32) + centred
         inv = 1.0 / tl.sqrt(tl.maximum(sum_dd / count - centred * centred, 0.0) + eps)
@@ -121,15 +109,14 @@ if triton is not None:
 
     @triton.jit
     def _finish_grad(
-        part, weight, bias, mean, invstd, coef, dweight, dbias, programs, C, count,
-        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+        sums, weight, bias, mean, invstd, coef, dweight, dbias, C, count, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
-        """The backward's per-channel terms from _col_sums' parts, in one launch: the weight
+        """The backward's per-channel terms from the column sums [2, C], in one launch: the weight
         and bias gradients and _affine's [scale, shift, k1, k2, k3], with
         dx = scale * (g - mean(g) - xhat * mean(g * xhat)) = k1 * g + k2 * x + k3."""
         c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
-        sum_g, sum_gx = _part_sums(part, programs, C, c, cm, BLOCK_R, BLOCK_C)
+        sum_g, sum_gx = tl.load(sums + c, cm, 0.0), tl.load(sums + C + c, cm, 0.0)
         mu = tl.load(mean + c, cm, 0.0)
         inv = tl.load(invstd + c, cm, 0.0)
         scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * inv
@@ -197,8 +184,8 @@ def _blocks(c: int) -> tuple[int, int]:
     return max(16, 2048 // block_c), block_c
 
 
-def _column_sums(x2, g2, stats, act: int) -> tuple[torch.Tensor, int]:
-    """-> (_col_sums' parts [programs, 2, C] fp32, programs); stats = (weight, bias, mean,
+def _column_sums(x2, g2, stats, act: int) -> torch.Tensor:
+    """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
     invstd) in the backward, None in the forward."""
     p, c = x2.shape
     block_p, block_c = _blocks(c)
@@ -210,13 +197,15 @@ def _column_sums(x2, g2, stats, act: int) -> tuple[torch.Tensor, int]:
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
         BIG=big(x2),
     )  # fmt: skip
-    return part, programs
+    # torch's reduction adds the programs' rows (9 us a layer on the H200; a loop over them in
+    # the _finish kernel, one program per 128 channels, took 60-76 us: latency-bound)
+    return part.sum(0)
 
 
-def _finish_grid(c: int) -> tuple[tuple[int], int, int]:
-    """(grid, rows, channels) of the _finish kernels: 2,048 partial sums a step of their loop."""
+def _finish_grid(c: int) -> tuple[tuple[int], int]:
+    """(grid, channels a program) of the _finish kernels."""
     block_c = min(128, triton.next_power_of_2(c))
-    return (triton.cdiv(c, block_c),), max(16, 2048 // block_c), block_c
+    return (triton.cdiv(c, block_c),), block_c
 
 
 def _apply(x2, g2, coef, out, act: int) -> None:
@@ -260,14 +249,13 @@ def batch_norm_act(
         return y, mean, invstd
     x2 = _rows(x)
     c = x2.shape[1]
-    part, programs = _column_sums(x2, None, None, act)
+    sums = _column_sums(x2, None, None, act)
     mean, invstd = (x.new_empty(c, dtype=torch.float32) for _ in range(2))
     coef = x.new_empty(2 * c, dtype=torch.float32)
-    grid, block_r, block_c = _finish_grid(c)
+    grid, block_c = _finish_grid(c)
     _finish_stats[grid](
-        x2, part, weight, bias, mean, invstd, coef, programs, c, x2.shape[0], eps,
-        BLOCK_R=block_r, BLOCK_C=block_c,
-    )  # fmt: skip
+        x2, sums, weight, bias, mean, invstd, coef, c, x2.shape[0], eps, BLOCK_C=block_c
+    )
     y = _like(x)
     _apply(x2, None, coef, _rows(y), act)
     return y, mean, invstd
@@ -296,14 +284,13 @@ def batch_norm_act_backward(
     if _uses_triton(x):
         x2, g2 = _rows(x), _rows(grad.to(x.dtype))
         c = x2.shape[1]
-        part, programs = _column_sums(x2, g2, (weight, bias, mean, invstd), act)
+        sums = _column_sums(x2, g2, (weight, bias, mean, invstd), act)
         coef = x.new_empty(5 * c, dtype=torch.float32)
         dweight, dbias = torch.empty_like(mean), torch.empty_like(mean)
-        grid, block_r, block_c = _finish_grid(c)
+        grid, block_c = _finish_grid(c)
         _finish_grad[grid](
-            part, weight, bias, mean, invstd, coef, dweight, dbias, programs, c, count,
-            BLOCK_R=block_r, BLOCK_C=block_c,
-        )  # fmt: skip
+            sums, weight, bias, mean, invstd, coef, dweight, dbias, c, count, BLOCK_C=block_c
+        )
         dx = _like(x)
         _apply(x2, g2, coef, _rows(dx), act)
         return dx, dweight, dbias
