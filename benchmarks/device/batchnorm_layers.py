@@ -15,6 +15,7 @@ import json
 import sys
 
 import torch
+from layer_timing import time_ms  # this folder's (the script's dir is on sys.path)
 from torch import nn
 
 from paratrain.models.batchnorm_triton import RELU6, TritonBatchNorm
@@ -48,18 +49,6 @@ def layer_inputs() -> list[tuple[int, bool, tuple[int, ...], int]]:
     return [(c, relu6, shape, count) for (c, relu6, shape), count in seen.items()]
 
 
-def time_ms(fn, x, grad) -> float:
-    for _ in range(3):
-        fn(x, grad)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(ITERS):
-        fn(x, grad)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / ITERS
-
-
 def fwd_bwd(module):
     def run(x, grad):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -84,25 +73,21 @@ def main() -> None:
         grad = torch.randn_like(x)
         nbytes = x.numel() * 2
         least = 3 * nbytes + 5 * nbytes  # forward 2 reads + 1 write; backward 4 reads + 1 write
-        row = {
-            "channels": c,
-            "relu6": relu6,
-            "side": shape[-1],
-            "layers": count,
-            "eager_ms": time_ms(fwd_bwd(native), x, grad),
-            "compiled_ms": time_ms(fwd_bwd(compiled), x, grad),
-            "triton_ms": time_ms(fwd_bwd(mine), x, grad),
-            "least_bytes": least,
-        }
-        row["triton_tb_per_s"] = round(least / row["triton_ms"] / 1e9, 2)
-        row["compiled_tb_per_s"] = round(least / row["compiled_ms"] / 1e9, 2)
+        row = {"channels": c, "relu6": relu6, "side": shape[-1], "layers": count}
+        for name, module in [("eager", native), ("compiled", compiled), ("triton", mine)]:
+            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = time_ms(fwd_bwd(module), x, grad)
+            # the bandwidth the GPU's kernel time implies (least bytes / kernel time)
+            row[f"{name}_tb_per_s"] = round(least / row[f"{name}_kernel_ms"] / 1e9, 2)
+        row["least_bytes"] = least
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(
-            f"{c:5d} ch {'relu6' if relu6 else 'none ':5s} {shape[-1]:4d}px x{count:2d}  eager "
-            f"{row['eager_ms']:7.3f}  compiled {row['compiled_ms']:7.3f} "
-            f"({row['compiled_tb_per_s']} TB/s)  triton {row['triton_ms']:7.3f} "
-            f"({row['triton_tb_per_s']} TB/s) ms",
+            f"{c:5d} ch {'relu6' if relu6 else 'none ':5s} {shape[-1]:4d}px x{count:2d}  kernels"
+            + "".join(
+                f"  {n} {row[n + '_kernel_ms']:6.3f} ({row[n + '_tb_per_s']} TB/s)"
+                for n in ("eager", "compiled", "triton")
+            )
+            + f" ms; wall {row['eager_ms']:.3f} / {row['compiled_ms']:.3f} / {row['triton_ms']:.3f}",
             flush=True,
         )
     total = {

@@ -11,6 +11,7 @@ import json
 import sys
 
 import torch
+from layer_timing import time_ms  # this folder's (the script's dir is on sys.path)
 from torch import nn
 
 from paratrain.models.depthwise import ShiftAddDepthwise, is_depthwise
@@ -36,18 +37,6 @@ def layer_inputs() -> list[tuple[nn.Conv2d, tuple[int, ...]]]:
     return [(m, (BATCH, *shape[1:])) for m, shape in found]
 
 
-def time_ms(fn, x) -> float:
-    for _ in range(3):
-        fn(x)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(ITERS):
-        fn(x)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / ITERS
-
-
 def fwd_bwd(module):
     def run(x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -70,23 +59,22 @@ def main() -> None:
         x_nchw = x_nhwc.detach().contiguous().requires_grad_()
         nhwc = conv.to(memory_format=torch.channels_last)
         compiled = torch.compile(ShiftAddDepthwise(conv), dynamic=False)  # one shape each
-        row = {
-            "channels": conv.in_channels,
-            "stride": conv.stride[0],
-            "input_side": shape[-1],
-            "cudnn_nhwc_ms": time_ms(fwd_bwd(nhwc), x_nhwc),
-            "cudnn_nchw_ms": time_ms(
-                fwd_bwd(conv.to(memory_format=torch.contiguous_format)), x_nchw
-            ),
-            "shift_add_compiled_ms": time_ms(fwd_bwd(compiled), x_nhwc),
-            "triton_ms": time_ms(fwd_bwd(TritonDepthwise(nhwc)), x_nhwc),
-        }
+        row = {"channels": conv.in_channels, "stride": conv.stride[0], "input_side": shape[-1]}
+        forms = [
+            ("cudnn_nhwc", nhwc, x_nhwc),
+            ("cudnn_nchw", conv.to(memory_format=torch.contiguous_format), x_nchw),
+            ("shift_add_compiled", compiled, x_nhwc),
+            ("triton", TritonDepthwise(nhwc), x_nhwc),
+        ]
+        for name, module, x in forms:
+            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = time_ms(fwd_bwd(module), x)
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(
-            f"{row['channels']:5d} ch s{row['stride']} {row['input_side']:4d}px  cudnn nhwc "
-            f"{row['cudnn_nhwc_ms']:7.3f}  nchw {row['cudnn_nchw_ms']:7.3f}  shift-add "
-            f"{row['shift_add_compiled_ms']:7.3f}  triton {row['triton_ms']:7.3f} ms",
+            f"{row['channels']:5d} ch s{row['stride']} {row['input_side']:4d}px  kernels"
+            + "".join(f"  {n} {row[n + '_kernel_ms']:6.3f}" for n, _, _ in forms)
+            + " ms; wall"
+            + "".join(f" {row[n + '_ms']:.3f}" for n, _, _ in forms),
             flush=True,
         )
     total = {k: round(sum(r[k] for r in rows), 3) for k in rows[0] if k.endswith("_ms")}
