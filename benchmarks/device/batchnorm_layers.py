@@ -75,16 +75,17 @@ def main() -> None:
         least = 3 * nbytes + 5 * nbytes  # forward 2 reads + 1 write; backward 4 reads + 1 write
         row = {"channels": c, "relu6": relu6, "side": shape[-1], "layers": count}
         for name, module in [("eager", native), ("compiled", compiled), ("triton", mine)]:
-            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = time_ms(fwd_bwd(module), x, grad)
+            wall, kernels = time_ms(fwd_bwd(module), x, grad, iters=ITERS)
+            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = wall, kernels
             # the bandwidth the GPU's kernel time implies (least bytes / kernel time)
-            row[f"{name}_tb_per_s"] = round(least / row[f"{name}_kernel_ms"] / 1e9, 2)
+            row[f"{name}_kernel_tb_per_s"] = round(least / kernels / 1e9, 2) if kernels else None
         row["least_bytes"] = least
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(
             f"{c:5d} ch {'relu6' if relu6 else 'none ':5s} {shape[-1]:4d}px x{count:2d}  kernels"
             + "".join(
-                f"  {n} {row[n + '_kernel_ms']:6.3f} ({row[n + '_tb_per_s']} TB/s)"
+                f"  {n} {row[n + '_kernel_ms']:6.3f} ({row[n + '_kernel_tb_per_s']} TB/s)"
                 for n in ("eager", "compiled", "triton")
             )
             + f" ms; wall {row['eager_ms']:.3f} / {row['compiled_ms']:.3f} / {row['triton_ms']:.3f}",

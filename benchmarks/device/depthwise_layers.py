@@ -67,7 +67,7 @@ def main() -> None:
             ("triton", TritonDepthwise(nhwc), x_nhwc),
         ]
         for name, module, x in forms:
-            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = time_ms(fwd_bwd(module), x)
+            row[f"{name}_ms"], row[f"{name}_kernel_ms"] = time_ms(fwd_bwd(module), x, iters=ITERS)
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         print(

@@ -3,7 +3,10 @@
 #   MODE=lora: LoRA on the Llama-3 8B shape (recipes/bench/lora_speed.yaml, one GPU): transformers
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
 #   MODE=layers: each MobileNetV2 depthwise layer and each distinct BatchNorm layer alone
-#     (depthwise.json, batchnorm.json): cuDNN, inductor, paratrain's Triton kernels;
+#     (depthwise.json, batchnorm.json): cuDNN, inductor, paratrain's Triton kernels, each as wall
+#     time and as the GPU's kernel time (benchmarks/device/layer_timing.py);
+#   MODE=colsums: the Triton BatchNorm's column sums per layer for each (programs, unroll) choice
+#     (colsums.json; benchmarks/device/colsums_sweep.py);
 #   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style
 #     script and paratrain's fastest rows (ONLY_IMAGES="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
@@ -59,6 +62,10 @@ layers)  # each MobileNetV2 depthwise and BatchNorm layer alone, forward + backw
   timeout 200 python3 benchmarks/device/depthwise_layers.py "$OUT/depthwise.json" 2>&1 | tail -20
   left=$((BUDGET - (SECONDS - start)))
   timeout $left python3 benchmarks/device/batchnorm_layers.py "$OUT/batchnorm.json" 2>&1 | tail -22
+  ;;
+colsums)  # the Triton BatchNorm's column sums alone, per layer, for several grids / unrollings
+  left=$((BUDGET - (SECONDS - start)))
+  timeout $left python3 benchmarks/device/colsums_sweep.py "$OUT/colsums.json" 2>&1 | tail -40
   ;;
 images)  # MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style script
   # beside paratrain's fastest rows (shift-add / Triton depthwise, Triton BatchNorm)

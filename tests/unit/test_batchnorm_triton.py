@@ -67,6 +67,24 @@ eager(x1).sum().backward()
 torch.compile(compiled)(x2).sum().backward()
 assert torch.allclose(x1.grad, x2.grad, atol=1e-5)
 assert torch.allclose(eager[1].running_var, compiled[1].running_var, atol=1e-6)
+# _col_sums' grid and loop choices (colsums_sweep.py times them on a GPU): the same sums with
+# any programs and blocks a turn, a last turn's blocks past the end included
+from paratrain.models.batchnorm_triton import _column_sums, _rows
+for c in (6, 130):
+    x = (torch.randn(2, c, 30, 30) + 3).contiguous(memory_format=torch.channels_last)
+    x2, g2 = _rows(x), _rows(torch.randn_like(x))
+    w, b, mu = torch.rand(c) + 0.5, torch.randn(c), x2.mean(0)
+    inv = torch.rand(c) + 0.5
+    z = x2 * (w * inv) + (b - mu * w * inv)
+    gm = torch.where((z > 0) & (z < 6), g2, 0.0)
+    d = x2 - x2[0]
+    want = {False: torch.stack([d.sum(0), (d * d).sum(0)]),
+            True: torch.stack([gm.sum(0), (gm * (x2 - mu)).sum(0)])}
+    for programs, unroll in [(4, 1), (3, 2), (2, 3), (5, 4), (1000, 2)]:
+        for grad in (False, True):
+            got = _column_sums(x2, g2 if grad else None, (w, b, mu, inv) if grad else None,
+                               RELU6, programs, unroll)
+            assert torch.allclose(got, want[grad], rtol=1e-4, atol=1e-2), (c, programs, unroll)
 print("kernels ok")
 """
 

@@ -53,11 +53,15 @@ if triton is not None:
     def _col_sums(
         x, g, weight, bias, mean, invstd, part, P, C, blocks,
         ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+        UNROLL: tl.constexpr, VEC: tl.constexpr,
     ):  # fmt: skip
-        """Each program's row of per-channel sums over its row blocks of the [P, C] matrix.
+        """Each program's row of per-channel sums over its row blocks of the [P, C] matrix,
+        UNROLL consecutive blocks a turn of its loop (their loads independent of each other, so
+        more bytes in flight per thread).
         GRAD=False: sum(x - s), sum((x - s)^2) with s = x's first row (each channel's first
         value). GRAD=True: g's sum and sum(g * (x - mean)), g masked by the activation at
         z = x * scale + shift (scale and shift from the forward's mean and invstd)."""
+        C = C // VEC * VEC  # C itself: _vec's note
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
         if GRAD:
@@ -69,21 +73,22 @@ if triton is not None:
         # one accumulator element a thread's element: summed across threads once, at the end
         first = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         second = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-        for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
-            r = block_index(blk * BLOCK_P, BLOCK_P, BIG)
-            m = (r < P)[:, None] & cm[None, :]
-            at = r[:, None] * C + c[None, :]
-            v = tl.load(x + at, m, 0.0).to(tl.float32)
-            d = tl.where(m, v - s[None, :], 0.0)
-            if GRAD:
-                gv = tl.load(g + at, m, 0.0).to(tl.float32)
-                z = v * scale[None, :] + shift[None, :]
-                gv = tl.where(_act_mask(z, ACT), gv, 0.0)
-                first += gv
-                second += gv * d
-            else:
-                first += d
-                second += d * d
+        for turn in range(tl.program_id(0), tl.cdiv(blocks, UNROLL), tl.num_programs(0)):
+            for u in tl.static_range(UNROLL):
+                r = block_index((turn * UNROLL + u) * BLOCK_P, BLOCK_P, BIG)
+                m = (r < P)[:, None] & cm[None, :]
+                at = r[:, None] * C + c[None, :]
+                v = tl.load(x + at, m, 0.0).to(tl.float32)
+                d = tl.where(m, v - s[None, :], 0.0)
+                if GRAD:
+                    gv = tl.load(g + at, m, 0.0).to(tl.float32)
+                    z = v * scale[None, :] + shift[None, :]
+                    gv = tl.where(_act_mask(z, ACT), gv, 0.0)
+                    first += gv
+                    second += gv * d
+                else:
+                    first += d
+                    second += d * d
         out = part + tl.program_id(0) * 2 * C + c
         tl.store(out, tl.sum(first, 0), cm)
         tl.store(out + C, tl.sum(second, 0), cm)
@@ -100,7 +105,7 @@ if triton is not None:
         sum_d, sum_dd = tl.load(sums + c, cm, 0.0), tl.load(sums + C + c, cm, 0.0)
         centred = sum_d / count  # mean - first
         mu = tl.load(x + c, cm, 0.0).to(tl.float32) + centred
-        inv = 1.0 / tl.sqrt(tl.maximum(sum_dd / count - centred * centred, 0.0) + eps)
+        inv = tl.rsqrt(tl.maximum(sum_dd / count - centred * centred, 0.0) + eps)
         scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * inv
         tl.store(mean + c, mu, cm)
         tl.store(invstd + c, inv, cm)
@@ -133,10 +138,12 @@ if triton is not None:
     def _affine(
         x, g, coef, y, P, C,
         ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+        VEC: tl.constexpr,
     ):  # fmt: skip
         """GRAD=False: y = act(x * a + b), coef = [a, b]. GRAD=True: the input gradient
         y = k1 * g' + k2 * x + k3 with g' the activation-masked g (mask at x * a + b),
         coef = [a, b, k1, k2, k3]."""
+        C = C // VEC * VEC  # C itself: _vec's note
         r = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
@@ -177,6 +184,14 @@ def _like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
 
 
+def _vec(c: int) -> int:
+    """The most elements (up to 8: 16 bytes of bf16) a row of C starts aligned to. Written into
+    the kernels as C // VEC * VEC, it tells Triton what it cannot see in a C of 24 (Triton marks
+    integer arguments divisible by 16 only): without it each element was its own 2-byte load
+    (sm_90 SASS: LDG.E.U16; LDG.E.128 with it)."""
+    return next(v for v in (8, 4, 2, 1) if c % v == 0)
+
+
 def _blocks(c: int) -> tuple[int, int]:
     """(rows, channels) a block: every channel of a layer up to 128 (one contiguous stretch of
     the matrix), 2,048 elements (~70 registers on sm_90; 8,192 took all 255)."""
@@ -184,18 +199,26 @@ def _blocks(c: int) -> tuple[int, int]:
     return max(16, 2048 // block_c), block_c
 
 
-def _column_sums(x2, g2, stats, act: int) -> torch.Tensor:
+# _col_sums' grid and loop, as measured best on the H200 (2026-12-03: 1,024 programs, one block
+# a turn); benchmarks/device/colsums_sweep.py times the other choices layer by layer
+COL_SUMS_PROGRAMS, COL_SUMS_UNROLL = 1024, 1
+
+
+def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) -> torch.Tensor:
     """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
-    invstd) in the backward, None in the forward."""
+    invstd) in the backward, None in the forward. programs / unroll: the grid's programs per
+    channel block and blocks a turn (0: the defaults above)."""
     p, c = x2.shape
     block_p, block_c = _blocks(c)
     blocks = triton.cdiv(p, block_p)
-    programs = min(blocks, 1024 if x2.is_cuda else 4)  # a few waves of the GPU's SMs
+    unroll = unroll or COL_SUMS_UNROLL
+    most = programs or (COL_SUMS_PROGRAMS if x2.is_cuda else 4)  # a few waves of the SMs
+    programs = min(triton.cdiv(blocks, unroll), most)
     part = torch.empty((programs, 2, c), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, triton.cdiv(c, block_c))](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, p, c, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=big(x2),
+        BIG=big(x2), UNROLL=unroll, VEC=_vec(c),
     )  # fmt: skip
     # torch's reduction adds the programs' rows (9 us a layer on the H200; a loop over them in
     # the _finish kernel, one program per 128 channels, took 60-76 us: latency-bound)
@@ -214,7 +237,7 @@ def _apply(x2, g2, coef, out, act: int) -> None:
     _affine[(triton.cdiv(p, block_p), triton.cdiv(c, block_c))](
         x2, x2 if g2 is None else g2, coef, out, p, c,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=big(x2),
+        BIG=big(x2), VEC=_vec(c),
     )  # fmt: skip
 
 
@@ -249,6 +272,7 @@ def batch_norm_act(
         return y, mean, invstd
     x2 = _rows(x)
     c = x2.shape[1]
+    weight, bias = weight.contiguous(), bias.contiguous()  # the kernels index them densely
     sums = _column_sums(x2, None, None, act)
     mean, invstd = (x.new_empty(c, dtype=torch.float32) for _ in range(2))
     coef = x.new_empty(2 * c, dtype=torch.float32)
@@ -284,6 +308,7 @@ def batch_norm_act_backward(
     if _uses_triton(x):
         x2, g2 = _rows(x), _rows(grad.to(x.dtype))
         c = x2.shape[1]
+        weight, bias, mean, invstd = (t.contiguous() for t in (weight, bias, mean, invstd))
         sums = _column_sums(x2, g2, (weight, bias, mean, invstd), act)
         coef = x.new_empty(5 * c, dtype=torch.float32)
         dweight, dbias = torch.empty_like(mean), torch.empty_like(mean)
