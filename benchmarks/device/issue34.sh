@@ -9,7 +9,8 @@
 #     (colsums.json; benchmarks/device/colsums_sweep.py);
 #   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style
 #     script and paratrain's fastest rows (ONLY_IMAGES="<label texts>");
-#   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled;
+#   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled
+#     (profile_<name>.txt, its trace and where the GPU sat idle: trace_<name>.json.gz, gaps_<name>.txt);
 #   MODE=full: full training of the Llama-3.2-1B shape (recipes/bench/full_speed.yaml): torchtitan
 #     (its own Trainer and launch through paratrain's peer) beside paratrain, bf16 and float8
 #     tensorwise, gradients clipped to 1.0 in both; ONLY="<label texts>" picks rows;
@@ -83,6 +84,9 @@ profile)  # PROFILES="name:recipe:k=v,k=v name2:...": each run profiled (profile
     left=$((BUDGET - (SECONDS - start))); [ $left -gt 60 ] || { echo "budget spent before $name"; break; }
     timeout $left python3 -m paratrain run "$recipe" "${args[@]}" --set train.profile_steps=3 --set log.progress=false --output-dir /tmp/prof_$name 2>&1 | grep "^paratrain: " | head -2 | tee -a "$OUT/profiled_runs.txt"
     cp /tmp/prof_$name/profile.txt "$OUT/profile_$name.txt"
+    # where the GPU waits (benchmarks/device/trace_gaps.py reads it here or back home)
+    cp /tmp/prof_$name/trace.json.gz "$OUT/trace_$name.json.gz" 2>/dev/null
+    python3 benchmarks/device/trace_gaps.py /tmp/prof_$name/trace.json.gz 2>&1 | tail -25 | tee "$OUT/gaps_$name.txt"
   done
   ;;
 lora)
