@@ -70,8 +70,7 @@ if triton is not None:
         t = (x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
         for i in tl.static_range(KH):
             for j in tl.static_range(KW):
-                k = tl.load(w + c * (KH * KW) + i * KW + j, cm, 0.0)
-                k = k.to(x.dtype.element_ty).to(tl.float32)  # the convolution's weight rounding
+                k = tl.load(w + (i * KW + j) * C + c, cm, 0.0).to(tl.float32)
                 acc += _tap(*t, i, j, SH, SW, PH, PW, DH, DW) * k[None, :]
         if HAS_BIAS:
             acc += tl.load(b + c, cm, 0.0).to(tl.float32)[None, :]
@@ -103,8 +102,7 @@ if triton is not None:
                 ok = qm & hok & (ws >= 0) & (ws - wo * SW == 0) & (wo < Wo)
                 at = n * sgn + ho * sgh + wo * sgw
                 v = tl.load(g + at[:, None] + c[None, :] * sgc, ok[:, None] & cm[None, :], 0.0)
-                k = tl.load(w + c * (KH * KW) + i * KW + j, cm, 0.0)
-                k = k.to(dx.dtype.element_ty).to(tl.float32)
+                k = tl.load(w + (i * KW + j) * C + c, cm, 0.0).to(tl.float32)
                 acc += v.to(tl.float32) * k[None, :]
         at = n * sxn + h * sxh + wi * sxw
         tl.store(
@@ -157,6 +155,14 @@ if triton is not None:
         tl.store(out + 7 * C, tl.sum(a21, 0), cm)
         tl.store(out + 8 * C, tl.sum(a22, 0), cm)
         tl.store(out + 9 * C, tl.sum(ab, 0), cm)
+
+
+def _taps(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[C, 1, kh, kw] -> [kh * kw, C] in the input's dtype: the weight rounded as a
+    convolution in that dtype computes with it, each tap's channels contiguous. A program then
+    reads a tap's weights in one vector load per thread; as [C, 1, kh, kw] each channel's was
+    a load of its own, 8 a tap against 1 for the pixels (sm_90 SASS, 2026-12-03)."""
+    return weight.reshape(weight.shape[0], -1).t().to(dtype).contiguous()
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -212,14 +218,14 @@ def depthwise_conv2d(
         k = weight.to(x.dtype)
         y = F.conv2d(x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c)
         return _channels_last(y)
-    x, weight = _channels_last(x), weight.contiguous()  # the kernels index [C, 1, k, k]
+    x = _channels_last(x)
     y = torch.empty(
         (n, c, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last
     )
     block_p, block_c = _blocks(c)
     grid = (triton.cdiv(n * ho * wo, block_p), triton.cdiv(c, block_c))
     _dw_forward[grid](
-        x, weight, bias if bias is not None else weight, y,
+        x, _taps(weight, x.dtype), bias if bias is not None else weight, y,
         n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
         **_geometry(weight, stride, padding, dilation),
         HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
@@ -261,7 +267,7 @@ def depthwise_conv2d_backward(
     geometry = _geometry(weight, stride, padding, dilation)
     grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
     _dw_input_grad[grid](
-        grad, weight, dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
+        grad, _taps(weight, x.dtype), dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
