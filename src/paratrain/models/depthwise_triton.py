@@ -278,10 +278,13 @@ def depthwise_conv2d_backward(
     block_c = min(64, triton.next_power_of_2(c))
     block_p = 512 // block_c
     blocks = triton.cdiv(n * ho * wo, block_p)
-    programs = min(blocks, 2048 if x.is_cuda else 4)  # a few waves of the GPU's SMs
+    # a few waves of the GPU's SMs in all, over the channel blocks: 2,048 programs for each
+    # of 960 channels' 15 blocks would write 78 MB of partial sums for a 31 MB layer (16 px)
+    chunks = triton.cdiv(c, block_c)
+    programs = min(blocks, max(1, (2048 if x.is_cuda else 4) // chunks))
     part = torch.empty((programs, 10, c), dtype=torch.float32, device=x.device)
     geometry = {k: v for k, v in geometry.items() if k not in ("KH", "KW")}
-    _dw_weight_grad_3x3[(programs, triton.cdiv(c, block_c))](
+    _dw_weight_grad_3x3[(programs, chunks)](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
