@@ -26,6 +26,7 @@ torch.manual_seed(0)
 for c, side, k, s, p, d, bias in [
     (6, 13, 3, 1, 1, 1, False), (70, 12, 3, 2, 1, 1, True), (3, 11, 5, 2, 2, 1, True),
     (4, 11, 3, 1, 2, 2, False), (1, 9, 3, 1, 1, 1, True),  # one channel: no aliased outputs
+    (5, 10, 3, 2, 1, 2, False), (4, 11, 3, 3, 1, 1, False),  # the input gradient's classes
 ]:
     conv = nn.Conv2d(c, c, k, s, p, d, groups=c, bias=bias)
     mine = TritonDepthwise(conv)

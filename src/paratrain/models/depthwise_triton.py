@@ -11,7 +11,8 @@ contiguous, so a block of pixels x channels is one coalesced load):
 
 - forward: a block of output pixels x channels; the k*k taps read from cache after the first;
 - input gradient: a block of input pixels gathers the output gradients of the taps that read it
-  (no scatter, no atomics, no padded copy);
+  (no scatter, no atomics, no padded copy), the pixels grouped by their residue modulo the
+  stride so that each program runs only the taps that reach its pixels;
 - weight and bias gradients (3x3; cuDNN's for other sizes): each program sums products over its
   share of the output pixels into 10 rows per channel; torch sums the programs' rows (small).
 
@@ -81,29 +82,45 @@ if triton is not None:
     @triton.jit
     def _dw_input_grad(
         g, w, dx,
-        Q, C, H, W, Ho, Wo,
+        N, C, H, W, Ho, Wo,
         sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
     ):  # fmt: skip
+        """A block of input pixels of one residue class (h % SH, w % SW) = (rh, rw), the grid's
+        third axis: which taps reach a pixel depends on its class only, so each program runs
+        just those taps (at stride 2, 1 to 4 of the 9; every lane's load used), the others
+        skipped whole. Stride 1 has the one class."""
+        rh = tl.program_id(2) // SW
+        rw = tl.program_id(2) % SW
+        hc = (H - rh + SH - 1) // SH  # the class's rows and columns
+        wc = (W - rw + SW - 1) // SW
         q = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        qm, cm = q < Q, c < C
-        n, h, wi = _pixel(q, H, W)
+        qm, cm = q < N * hc * wc, c < C
+        n, a, b = _pixel(q, hc, wc)
+        h = a * SH + rh
+        wi = b * SW + rw
         acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         for i in tl.static_range(KH):
-            hs = h + PH - i * DH  # = ho * SH for the output row whose tap i reads row h
-            ho = hs // SH
-            hok = (hs >= 0) & (hs - ho * SH == 0) & (ho < Ho)
-            for j in tl.static_range(KW):
-                ws = wi + PW - j * DW
-                wo = ws // SW
-                ok = qm & hok & (ws >= 0) & (ws - wo * SW == 0) & (wo < Wo)
-                at = n * sgn + ho * sgh + wo * sgw
-                v = tl.load(g + at[:, None] + c[None, :] * sgc, ok[:, None] & cm[None, :], 0.0)
-                k = tl.load(w + (i * KW + j) * C + c, cm, 0.0).to(tl.float32)
-                acc += v.to(tl.float32) * k[None, :]
+            # tap i reads row h from output row (h + PH - i * DH) / SH when that divides: a
+            # multiple of SH added keeps the residue's operand non-negative
+            if (rh + PH + KH * DH * SH - i * DH) % SH == 0:
+                hs = h + PH - i * DH
+                ho = (hs + KH * DH * SH) // SH - KH * DH  # = hs / SH, exact, also below 0
+                hok = (hs >= 0) & (ho < Ho)
+                for j in tl.static_range(KW):
+                    if (rw + PW + KW * DW * SW - j * DW) % SW == 0:
+                        ws = wi + PW - j * DW
+                        wo = (ws + KW * DW * SW) // SW - KW * DW
+                        ok = qm & hok & (ws >= 0) & (wo < Wo)
+                        at = n * sgn + ho * sgh + wo * sgw
+                        v = tl.load(
+                            g + at[:, None] + c[None, :] * sgc, ok[:, None] & cm[None, :], 0.0
+                        )
+                        k = tl.load(w + (i * KW + j) * C + c, cm, 0.0).to(tl.float32)
+                        acc += v.to(tl.float32) * k[None, :]
         at = n * sxn + h * sxh + wi * sxw
         tl.store(
             dx + at[:, None] + c[None, :] * sxc,
@@ -265,9 +282,12 @@ def depthwise_conv2d_backward(
     dx = torch.empty_like(x, memory_format=torch.channels_last)
     block_p, block_c = _blocks(c)
     geometry = _geometry(weight, stride, padding, dilation)
-    grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
+    sh, sw = stride
+    # the largest residue class (0, 0) sets the pixel blocks; the others mask their tail
+    classes = (triton.cdiv(n * triton.cdiv(h, sh) * triton.cdiv(w, sw), block_p),)
+    grid = (*classes, triton.cdiv(c, block_c), sh * sw)
     _dw_input_grad[grid](
-        grad, _taps(weight, x.dtype), dx, n * h * w, c, h, w, ho, wo, *grad.stride(), *x.stride(),
+        grad, _taps(weight, x.dtype), dx, n, c, h, w, ho, wo, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
     )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
