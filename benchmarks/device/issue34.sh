@@ -4,7 +4,8 @@
 #     + peft, + Liger, paratrain compiled in bf16 and float8 tensorwise (ONLY="<label texts>");
 #   MODE=layers: each MobileNetV2 depthwise layer and each distinct BatchNorm layer alone
 #     (depthwise.json, batchnorm.json): cuDNN, inductor, paratrain's Triton kernels, each as wall
-#     time and as the GPU's kernel time (benchmarks/device/layer_timing.py);
+#     time and as the GPU's kernel time (benchmarks/device/layer_timing.py); the stem convolution
+#     (1 -> 32 channels) as cuDNN, compiled and shift-add (stem.json);
 #   MODE=colsums: the Triton BatchNorm's column sums per layer for each (programs, unroll) choice
 #     (colsums.json; benchmarks/device/colsums_sweep.py);
 #   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style
@@ -59,8 +60,9 @@ full)
     "paratrain compiled + fp8 delayed=torchtitan compiled + fp8 tensorwise" \
     "paratrain compiled + fp8 delayed + float8 lm_head=torchtitan compiled + fp8 tensorwise"
   ;;
-layers)  # each MobileNetV2 depthwise and BatchNorm layer alone, forward + backward
-  timeout 200 python3 benchmarks/device/depthwise_layers.py "$OUT/depthwise.json" 2>&1 | tail -20
+layers)  # each MobileNetV2 depthwise and BatchNorm layer alone, forward + backward; the stem
+  timeout 120 python3 benchmarks/device/stem_layer.py "$OUT/stem.json" 2>&1 | tail -6
+  timeout 240 python3 benchmarks/device/depthwise_layers.py "$OUT/depthwise.json" 2>&1 | tail -20
   left=$((BUDGET - (SECONDS - start)))
   timeout $left python3 benchmarks/device/batchnorm_layers.py "$OUT/batchnorm.json" 2>&1 | tail -22
   ;;
