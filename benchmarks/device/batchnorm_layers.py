@@ -15,7 +15,7 @@ import json
 import sys
 
 import torch
-from layer_timing import time_ms  # this folder's (the script's dir is on sys.path)
+from layer_timing import fwd_bwd, time_ms  # this folder's (the script's dir is on sys.path)
 from torch import nn
 
 from paratrain.models.batchnorm_triton import RELU6, TritonBatchNorm
@@ -47,15 +47,6 @@ def layer_inputs() -> list[tuple[int, bool, tuple[int, ...], int]]:
     for h in hooks:
         h.remove()
     return [(c, relu6, shape, count) for (c, relu6, shape), count in seen.items()]
-
-
-def fwd_bwd(module):
-    def run(x, grad):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = module(x)
-        out.backward(grad)
-
-    return run
 
 
 def main() -> None:

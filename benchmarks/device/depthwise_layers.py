@@ -11,7 +11,7 @@ import json
 import sys
 
 import torch
-from layer_timing import time_ms  # this folder's (the script's dir is on sys.path)
+from layer_timing import fwd_bwd, time_ms  # this folder's (the script's dir is on sys.path)
 from torch import nn
 
 from paratrain.models.depthwise import ShiftAddDepthwise, is_depthwise
@@ -35,15 +35,6 @@ def layer_inputs() -> list[tuple[nn.Conv2d, tuple[int, ...]]]:
     for h in hooks:
         h.remove()
     return [(m, (BATCH, *shape[1:])) for m, shape in found]
-
-
-def fwd_bwd(module):
-    def run(x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = module(x)
-        out.backward(torch.ones_like(out))
-
-    return run
 
 
 def main() -> None:

@@ -37,3 +37,15 @@ def time_ms(fn, *args, iters: int = 20) -> tuple[float, float]:
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     )
     return wall, kernels_us / 1000.0 / iters
+
+
+def fwd_bwd(module):
+    """One training pass of a layer under bf16 autocast: forward, then backward from the given
+    output gradient (grad None: ones)."""
+
+    def run(x, grad=None):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = module(x)
+        out.backward(torch.ones_like(out) if grad is None else grad)
+
+    return run

@@ -16,7 +16,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from layer_timing import time_ms
+from layer_timing import fwd_bwd, time_ms
 from torch import nn
 
 BATCH, SIDE, ITERS = 64, 500, 20
@@ -43,15 +43,6 @@ class ShiftAddStem(nn.Module):
                 term = tap * w[:, 0, i, j].view(1, -1, 1, 1)
                 out = term if out is None else out + term
         return out.contiguous(memory_format=torch.channels_last)
-
-
-def fwd_bwd(module):
-    def run(x, grad):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = module(x)
-        out.backward(grad)
-
-    return run
 
 
 def main() -> None:
