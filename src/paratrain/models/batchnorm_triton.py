@@ -226,8 +226,8 @@ def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) ->
 
 
 def _finish_grid(c: int) -> tuple[tuple[int], int]:
-    """(grid, channels a program) of the _finish kernels."""
-    block_c = min(128, triton.next_power_of_2(c))
+    """(grid, channels a program) of the _finish kernels: the column blocks of _blocks."""
+    block_c = _blocks(c)[1]
     return (triton.cdiv(c, block_c),), block_c
 
 

@@ -278,14 +278,13 @@ def depthwise_conv2d_backward(
         dw = dw.to(_acc(weight)).contiguous()
         return _channels_last(dx), dw, g.to(_acc(weight)).sum((0, 2, 3))
     x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
-    weight = weight.contiguous()
     dx = torch.empty_like(x, memory_format=torch.channels_last)
     block_p, block_c = _blocks(c)
     geometry = _geometry(weight, stride, padding, dilation)
     sh, sw = stride
     # the largest residue class (0, 0) sets the pixel blocks; the others mask their tail
-    classes = (triton.cdiv(n * triton.cdiv(h, sh) * triton.cdiv(w, sw), block_p),)
-    grid = (*classes, triton.cdiv(c, block_c), sh * sw)
+    pixel_blocks = triton.cdiv(n * triton.cdiv(h, sh) * triton.cdiv(w, sw), block_p)
+    grid = (pixel_blocks, triton.cdiv(c, block_c), sh * sw)
     _dw_input_grad[grid](
         grad, _taps(weight, x.dtype), dx, n, c, h, w, ho, wo, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
