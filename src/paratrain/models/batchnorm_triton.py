@@ -201,7 +201,7 @@ def _blocks(c: int) -> tuple[int, int]:
 
 # _col_sums' grid and loop, as measured best on the H200 (2026-12-03: 1,024 programs, one block
 # a turn); benchmarks/device/colsums_sweep.py times the other choices layer by layer
-COL_SUMS_PROGRAMS, COL_SUMS_UNROLL = 1024, 1
+COL_SUMS_PROGRAMS, COL_SUMS_UNROLL = 528, 4
 
 
 def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) -> torch.Tensor:
