@@ -95,6 +95,19 @@ def test_compiled_layer_matches_cudnn_bf16(channels, stride, form):
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
 
 
+def test_compiled_triton_stem_matches_cudnn_bf16():
+    """model.stem_conv=depthwise: MobileNetV2's one-channel stem (1 -> 32, stride 2) at the
+    seed's 500 px as the Triton op (its input gradient, asked for here, cuDNN's)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(1, 32, 3, 2, 1, bias=False).cuda().to(memory_format=torch.channels_last)
+    layer = torch.compile(TritonDepthwise(copy.deepcopy(conv)))
+    x = torch.randn(8, 1, 500, 500, device="cuda").contiguous(memory_format=torch.channels_last)
+    outs, grads = bf16_passes((conv, layer), x)
+    assert (outs[0] - outs[1]).abs().max() < 0.05 * outs[0].abs().max()
+    for a, b in zip(grads[0], grads[1], strict=True):
+        assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
+
+
 def test_compiled_triton_batchnorm_step_matches_native_fp32(no_tf32):
     """model.batchnorm=triton (with the Triton depthwise layers) on a whole MobileNetV2 step."""
     from paratrain.models.batchnorm_triton import triton_batchnorm
@@ -107,7 +120,8 @@ def test_compiled_triton_batchnorm_step_matches_native_fp32(no_tf32):
     assert all(torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4) for a, b in bufs)
 
 
-@pytest.mark.parametrize("channels", [32, 96])  # MobileNetV2's 250 px BatchNorm layers
+# MobileNetV2's 250 px BatchNorm layers; 144 channels (125 px in the model) in blocks of 16
+@pytest.mark.parametrize("channels", [32, 96, 144])
 def test_triton_batchnorm_relu6_layer_matches_native_bf16(channels):
     from paratrain.models.batchnorm_triton import RELU6, TritonBatchNorm
 

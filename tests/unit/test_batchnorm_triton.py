@@ -25,8 +25,10 @@ from torch import nn
 from paratrain.models.batchnorm_triton import NONE, RELU, RELU6, TritonBatchNorm
 
 torch.manual_seed(0)
-# 6 channels; 70 (a masked block); 130 (two channel blocks): with each activation
-for c, act, module in [(6, RELU6, nn.ReLU6()), (70, NONE, nn.Identity()), (130, RELU, nn.ReLU())]:
+# 6 channels; 70 (a masked block); 130 (two channel blocks); 144 (nine blocks of 16, the
+# interleaved grid of _affine): with each activation
+for c, act, module in [(6, RELU6, nn.ReLU6()), (70, NONE, nn.Identity()), (130, RELU, nn.ReLU()),
+                       (144, RELU6, nn.ReLU6())]:
     bn = nn.BatchNorm2d(c)
     with torch.no_grad():
         bn.weight.uniform_(0.5, 2.0)
@@ -70,7 +72,7 @@ assert torch.allclose(eager[1].running_var, compiled[1].running_var, atol=1e-6)
 # _col_sums' grid and loop choices (colsums_sweep.py times them on a GPU): the same sums with
 # any programs and blocks a turn, a last turn's blocks past the end included
 from paratrain.models.batchnorm_triton import _column_sums, _rows
-for c in (6, 130):
+for c in (6, 130, 96):
     x = (torch.randn(2, c, 30, 30) + 3).contiguous(memory_format=torch.channels_last)
     x2, g2 = _rows(x), _rows(torch.randn_like(x))
     w, b, mu = torch.rand(c) + 0.5, torch.randn(c), x2.mean(0)

@@ -71,3 +71,42 @@ def test_below_min_side_it_is_the_native_convolution(monkeypatch):
     assert len(calls) == 2  # ours and the reference: the native path
     assert torch.allclose(mine(big), conv(big), atol=1e-6)
     assert len(calls) == 3  # only the reference: shift-add
+
+
+def test_a_one_channel_stem_as_a_broadcast_depthwise_convolution():
+    """model.stem_conv=depthwise: MobileNetV2's stem on grayscale images (1 -> 32) in the
+    depthwise form, the same function and gradients as nn.Conv2d; below min_side the native
+    convolution (groups=1, not the weight's channels)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(1, 5, 3, 2, 1, bias=True).double()
+    mine = ShiftAddDepthwise(conv)
+    x = torch.randn(2, 1, 11, 12, dtype=torch.float64)
+    ref, out = conv(x), mine(x)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-12)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    grads = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    for a, p in zip(grads, conv.parameters(), strict=True):
+        assert torch.allclose(p.grad, a, atol=1e-12)
+    assert torch.allclose(ShiftAddDepthwise(conv, min_side=50)(x), ref, atol=1e-12)
+
+
+def test_stem_conv_swaps_the_one_channel_stem_only():
+    from paratrain.config import load_config
+    from paratrain.errors import UserError
+    from paratrain.models import apply_depthwise_conv
+    from paratrain.models.depthwise import is_one_channel
+
+    cfg = load_config(None, ["model.depthwise_conv=shift-add", "model.stem_conv=depthwise"])
+    model = build_mobilenet_v2(10, in_channels=1)
+    apply_depthwise_conv(model, cfg.model)
+    assert isinstance(model.features[0][0], ShiftAddDepthwise)
+    assert sum(isinstance(m, ShiftAddDepthwise) for m in model.modules()) == 18
+    assert not any(is_one_channel(m) for m in model.modules())
+    rgb = build_mobilenet_v2(10, in_channels=3)  # no one-channel convolution: said, not ignored
+    with pytest.raises(UserError, match="model.stem_conv"):
+        apply_depthwise_conv(rgb, cfg.model)
+    with pytest.raises(ValueError, match="stem_conv: depthwise needs"):
+        load_config(None, ["model.stem_conv=depthwise"])

@@ -27,6 +27,7 @@ for c, side, k, s, p, d, bias in [
     (6, 13, 3, 1, 1, 1, False), (70, 12, 3, 2, 1, 1, True), (3, 11, 5, 2, 2, 1, True),
     (4, 11, 3, 1, 2, 2, False), (1, 9, 3, 1, 1, 1, True),  # one channel: no aliased outputs
     (5, 10, 3, 2, 1, 2, False), (4, 11, 3, 3, 1, 1, False),  # the input gradient's classes
+    (96, 9, 3, 2, 1, 1, False),  # three blocks of 32 channels
 ]:
     conv = nn.Conv2d(c, c, k, s, p, d, groups=c, bias=bias)
     mine = TritonDepthwise(conv)
@@ -41,6 +42,26 @@ for c, side, k, s, p, d, bias in [
     conv.zero_grad()
     out.backward(g)
     assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
+    for a, q in zip(want, conv.parameters(), strict=True):
+        assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
+
+# one input channel read by every output channel (model.stem_conv=depthwise: a grayscale stem):
+# the weight gradient from the kernels; the input's, when it needs one, cuDNN's; none computed
+# for an input without requires_grad (the images)
+for c, side, s, bias, needs in [(6, 13, 2, False, False), (70, 9, 1, True, True)]:
+    conv = nn.Conv2d(1, c, 3, s, 1, bias=bias)
+    x = torch.randn(2, 1, side, side + 2)
+    x1, x2 = x.clone().requires_grad_(needs), x.clone().requires_grad_(needs)
+    ref, out = conv(x1), TritonDepthwise(conv)(x2)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [q.grad.clone() for q in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    if needs:
+        assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
     for a, q in zip(want, conv.parameters(), strict=True):
         assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
 

@@ -11,7 +11,7 @@ IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
 
 # Keys that mean something to one task only: a run's result.json leaves the other task's out.
 IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_batchnorm")
-IMAGE_ONLY += ("batchnorm",)
+IMAGE_ONLY += ("batchnorm", "stem_conv")
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
 LM_ONLY += ("kernels", "fp8", "fp8_lm_head")
@@ -60,6 +60,12 @@ class ModelConfig:
     """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
     swapped form; below it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and
     below."""
+    stem_conv: Literal["native", "depthwise"] = "native"
+    """Image model with depthwise_conv shift-add or triton: a convolution from one input channel
+    (the stem on grayscale images: MobileNetV2's 1 -> 32 on MNIST) in that form too, from
+    shift_add_min_side pixels up. Each output channel convolves the one input channel with its
+    own weight, a depthwise convolution of the input broadcast over channels. On H200 at
+    500x500, cuDNN ran this layer with a layout conversion and a generic kernel."""
     batchnorm: Literal["native", "triton"] = "native"
     """Image model: BatchNorm2d layers (and a ReLU / ReLU6 right after one) through PyTorch, or in
     training through paratrain's Triton kernels over channels_last tensors, the activation inside
@@ -94,6 +100,8 @@ class ModelConfig:
             )
         if self.fp8_lm_head and self.fp8 == "none":
             raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise, rowwise or delayed)")
+        if self.stem_conv == "depthwise" and self.depthwise_conv == "native":
+            raise ValueError("stem_conv: depthwise needs model.depthwise_conv shift-add or triton")
         if self.shift_add_min_side < 0:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:

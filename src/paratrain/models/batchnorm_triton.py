@@ -136,16 +136,19 @@ if triton is not None:
 
     @triton.jit
     def _affine(
-        x, g, coef, y, P, C,
+        x, g, coef, y, P, C, chunks,
         ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
         VEC: tl.constexpr,
     ):  # fmt: skip
         """GRAD=False: y = act(x * a + b), coef = [a, b]. GRAD=True: the input gradient
         y = k1 * g' + k2 * x + k3 with g' the activation-masked g (mask at x * a + b),
-        coef = [a, b, k1, k2, k3]."""
+        coef = [a, b, k1, k2, k3]. One grid axis, the channel blocks of a row block
+        consecutive: they run together and read the rows' memory together (with narrow blocks
+        a row's bytes are split between programs; spread over the grid's run each would fetch
+        its neighbours' bytes again)."""
         C = C // VEC * VEC  # C itself: _vec's note
-        r = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        r = block_index(tl.program_id(0) // chunks * BLOCK_P, BLOCK_P, BIG)
+        c = tl.program_id(0) % chunks * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = c < C
         m = (r < P)[:, None] & cm[None, :]
         at = r[:, None] * C + c[None, :]
@@ -193,15 +196,26 @@ def _vec(c: int) -> int:
 
 
 def _blocks(c: int) -> tuple[int, int]:
-    """(rows, channels) a block: every channel of a layer up to 128 (one contiguous stretch of
-    the matrix), 2,048 elements (~70 registers on sm_90; 8,192 took all 255)."""
+    """(rows, channels) a block: 2,048 elements (~70 registers on sm_90; 8,192 took all 255);
+    every channel of a layer up to 128 (one contiguous stretch of the matrix). Wider layers
+    split into blocks of 128, or of the largest power of two (16 or more) that divides C where
+    blocks of 128 would leave more than a tenth of their lanes masked: 144 channels as 9 x 16,
+    not 128 + a block of 128 with 16 used. That masked block did the unmasked one's work for
+    an eighth of its bytes; in the 2026-12-03 sweep the 144-channel layers read at 1.8-2.3 TB/s
+    against 3.2-3.5 for 32 channels."""
     block_c = min(128, triton.next_power_of_2(c))
+    divides = min(128, c & -c)  # the largest power of two dividing c
+    if triton.cdiv(c, block_c) * block_c > 1.1 * c and divides >= 16:
+        block_c = divides
     return max(16, 2048 // block_c), block_c
 
 
-# _col_sums' grid and loop, as measured best on the H200 (2026-12-03: 1,024 programs, one block
-# a turn); benchmarks/device/colsums_sweep.py times the other choices layer by layer
-COL_SUMS_PROGRAMS, COL_SUMS_UNROLL = 528, 4
+# _col_sums' grid and loop, as measured on the H200 (2026-12-03, call 21: colsums_sweep.py over
+# every MobileNetV2 layer, 8 choices): 4 blocks a turn; a layer of 100 MB or more on 528 programs
+# in all (the grid resident at once: 2 x 528 programs of 2 channel blocks ran in two waves), a
+# smaller one on 264 per channel block (6.3 ms a step against 8.4 for 1,024 programs, 1 a turn)
+COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS, COL_SUMS_UNROLL = 528, 264, 4
+COL_SUMS_BIG_BYTES = 10**8
 
 
 def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) -> torch.Tensor:
@@ -210,12 +224,12 @@ def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) ->
     channel block and blocks a turn (0: the defaults above)."""
     p, c = x2.shape
     block_p, block_c = _blocks(c)
-    blocks = triton.cdiv(p, block_p)
+    blocks, chunks = triton.cdiv(p, block_p), triton.cdiv(c, block_c)
     unroll = unroll or COL_SUMS_UNROLL
-    most = programs or (COL_SUMS_PROGRAMS if x2.is_cuda else 4)  # a few waves of the SMs
+    most = programs or _col_sums_programs(x2, chunks)
     programs = min(triton.cdiv(blocks, unroll), most)
     part = torch.empty((programs, 2, c), dtype=torch.float32, device=x2.device)
-    _col_sums[(programs, triton.cdiv(c, block_c))](
+    _col_sums[(programs, chunks)](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, p, c, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
         BIG=big(x2), UNROLL=unroll, VEC=_vec(c),
@@ -223,6 +237,15 @@ def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) ->
     # torch's reduction adds the programs' rows (9 us a layer on the H200; a loop over them in
     # the _finish kernel, one program per 128 channels, took 60-76 us: latency-bound)
     return part.sum(0)
+
+
+def _col_sums_programs(x2: torch.Tensor, chunks: int) -> int:
+    """Programs per channel block (COL_SUMS_* above); 4 in Triton's CPU interpreter."""
+    if not x2.is_cuda:
+        return 4
+    if x2.numel() * x2.element_size() >= COL_SUMS_BIG_BYTES:
+        return max(1, COL_SUMS_PROGRAMS // chunks)
+    return COL_SUMS_SMALL_PROGRAMS
 
 
 def _finish_grid(c: int) -> tuple[tuple[int], int]:
@@ -234,8 +257,9 @@ def _finish_grid(c: int) -> tuple[tuple[int], int]:
 def _apply(x2, g2, coef, out, act: int) -> None:
     p, c = x2.shape
     block_p, block_c = _blocks(c)
-    _affine[(triton.cdiv(p, block_p), triton.cdiv(c, block_c))](
-        x2, x2 if g2 is None else g2, coef, out, p, c,
+    chunks = triton.cdiv(c, block_c)
+    _affine[(triton.cdiv(p, block_p) * chunks,)](
+        x2, x2 if g2 is None else g2, coef, out, p, c, chunks,
         ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
         BIG=big(x2), VEC=_vec(c),
     )  # fmt: skip

@@ -37,7 +37,7 @@ class Depthwise(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if min(x.shape[-2:]) < self.min_side:
-            groups = self.weight.shape[0]
+            groups = x.shape[1]  # the channels, or 1 for a one-channel input (is_one_channel)
             return F.conv2d(
                 x, self.weight, self.bias, self.stride, self.padding, self.dilation, groups
             )
@@ -65,7 +65,8 @@ class ShiftAddDepthwise(Depthwise):
             out_dtype = torch.get_autocast_dtype(x.device.type)
         (kh, kw), (sh, sw), (dh, dw) = self.weight.shape[2:], self.stride, self.dilation
         ph, pw = self.padding
-        n, c, h, w = x.shape
+        n, _, h, w = x.shape
+        c = self.weight.shape[0]  # x's channels, or one broadcast over them (is_one_channel)
         ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         xp = F.pad(x.to(out_dtype), (pw, pw, ph, ph))
@@ -95,13 +96,29 @@ def is_depthwise(module: nn.Module) -> bool:
     )
 
 
+def is_one_channel(module: nn.Module) -> bool:
+    """A convolution from one input channel to several (a stem on grayscale images: MobileNetV2's
+    first layer on MNIST). Each output channel convolves that one channel with its own k x k
+    weight: a depthwise convolution of the input broadcast over the output channels, which the
+    Depthwise forms compute without the broadcast copy (model.stem_conv=depthwise)."""
+    return (
+        type(module) is nn.Conv2d
+        and module.in_channels == module.groups == 1
+        and module.out_channels > 1
+        and module.padding_mode == "zeros"
+        and isinstance(module.padding, tuple)
+    )
+
+
 def shift_add_depthwise(model: nn.Module, min_side: int = 0) -> int:
     """Swap every depthwise nn.Conv2d of `model` for a ShiftAddDepthwise holding its parameters
     (shift-add from inputs of `min_side` pixels up); returns how many were swapped."""
     return swap_depthwise(model, ShiftAddDepthwise, min_side)
 
 
-def swap_depthwise(model: nn.Module, form: type[Depthwise], min_side: int = 0) -> int:
-    """Swap every depthwise nn.Conv2d of `model` for `form` (a Depthwise) from inputs of
-    `min_side` pixels up; returns how many were swapped."""
-    return swap_modules(model, is_depthwise, lambda conv: form(conv, min_side))
+def swap_depthwise(
+    model: nn.Module, form: type[Depthwise], min_side: int = 0, pick=is_depthwise
+) -> int:
+    """Swap every depthwise nn.Conv2d of `model` (or every one `pick` accepts: is_one_channel)
+    for `form` (a Depthwise) from inputs of `min_side` pixels up; returns how many."""
+    return swap_modules(model, pick, lambda conv: form(conv, min_side))

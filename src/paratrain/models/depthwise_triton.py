@@ -44,14 +44,20 @@ if triton is not None:
         x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw,
         TI: tl.constexpr, TJ: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        ONE: tl.constexpr,
     ):  # fmt: skip
         """The input pixels tap (TI, TJ) of each output pixel reads (0 in the padding), fp32:
-        what the forward multiplies by the tap's weight, and the weight gradient by dy."""
+        what the forward multiplies by the tap's weight, and the weight gradient by dy.
+        ONE: the input has one channel, which every output channel reads (a stem on grayscale
+        images): one load a pixel, [BLOCK_P, 1], broadcast over the channels where used."""
         hi = ho * SH - PH + TI * DH
         wi = wo * SW - PW + TJ * DW
         ok = pm & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
         at = n * sxn + hi * sxh + wi * sxw
-        xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
+        if ONE:
+            xv = tl.load(x + at, ok, 0.0)[:, None]
+        else:
+            xv = tl.load(x + at[:, None] + c[None, :] * sxc, ok[:, None] & cm[None, :], 0.0)
         return xv.to(tl.float32)
 
     @triton.jit
@@ -62,6 +68,7 @@ if triton is not None:
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+        ONE: tl.constexpr,
     ):  # fmt: skip
         p = block_index(tl.program_id(0) * BLOCK_P, BLOCK_P, BIG)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -72,7 +79,7 @@ if triton is not None:
         for i in tl.static_range(KH):
             for j in tl.static_range(KW):
                 k = tl.load(w + (i * KW + j) * C + c, cm, 0.0).to(tl.float32)
-                acc += _tap(*t, i, j, SH, SW, PH, PW, DH, DW) * k[None, :]
+                acc += _tap(*t, i, j, SH, SW, PH, PW, DH, DW, ONE) * k[None, :]
         if HAS_BIAS:
             acc += tl.load(b + c, cm, 0.0).to(tl.float32)[None, :]
         at = n * syn + ho * syh + wo * syw
@@ -135,6 +142,7 @@ if triton is not None:
         sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
         SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
         DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
+        ONE: tl.constexpr,
     ):  # fmt: skip
         """Each program's 10 rows of per-channel sums over its output pixels: the 9 taps'
         weight gradients, then the bias gradient. One accumulator a row, summed over the pixels
@@ -152,15 +160,15 @@ if triton is not None:
             gv = gv.to(tl.float32)
             ab += gv
             t = (x, n, ho, wo, c, pm, cm, H, W, sxn, sxc, sxh, sxw)
-            a00 += gv * _tap(*t, 0, 0, SH, SW, PH, PW, DH, DW)
-            a01 += gv * _tap(*t, 0, 1, SH, SW, PH, PW, DH, DW)
-            a02 += gv * _tap(*t, 0, 2, SH, SW, PH, PW, DH, DW)
-            a10 += gv * _tap(*t, 1, 0, SH, SW, PH, PW, DH, DW)
-            a11 += gv * _tap(*t, 1, 1, SH, SW, PH, PW, DH, DW)
-            a12 += gv * _tap(*t, 1, 2, SH, SW, PH, PW, DH, DW)
-            a20 += gv * _tap(*t, 2, 0, SH, SW, PH, PW, DH, DW)
-            a21 += gv * _tap(*t, 2, 1, SH, SW, PH, PW, DH, DW)
-            a22 += gv * _tap(*t, 2, 2, SH, SW, PH, PW, DH, DW)
+            a00 += gv * _tap(*t, 0, 0, SH, SW, PH, PW, DH, DW, ONE)
+            a01 += gv * _tap(*t, 0, 1, SH, SW, PH, PW, DH, DW, ONE)
+            a02 += gv * _tap(*t, 0, 2, SH, SW, PH, PW, DH, DW, ONE)
+            a10 += gv * _tap(*t, 1, 0, SH, SW, PH, PW, DH, DW, ONE)
+            a11 += gv * _tap(*t, 1, 1, SH, SW, PH, PW, DH, DW, ONE)
+            a12 += gv * _tap(*t, 1, 2, SH, SW, PH, PW, DH, DW, ONE)
+            a20 += gv * _tap(*t, 2, 0, SH, SW, PH, PW, DH, DW, ONE)
+            a21 += gv * _tap(*t, 2, 1, SH, SW, PH, PW, DH, DW, ONE)
+            a22 += gv * _tap(*t, 2, 2, SH, SW, PH, PW, DH, DW, ONE)
         out = part + tl.program_id(0) * 10 * C + c
         tl.store(out, tl.sum(a00, 0), cm)
         tl.store(out + C, tl.sum(a01, 0), cm)
@@ -186,20 +194,41 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def _channel_block(c: int) -> int:
+    """Channels a program: all of a small layer's (one coalesced row a pixel), 64 at most; where
+    blocks of 64 would leave more than a tenth of their lanes masked, the largest power of two
+    (32 or more) dividing C: MobileNetV2's 96-channel 250 px layer as 3 x 32 channels, not
+    64 + 64 with half of the second masked (a quarter of every load and multiply for nothing)."""
+    block = min(64, triton.next_power_of_2(c))
+    divides = min(64, c & -c)  # the largest power of two dividing c
+    if triton.cdiv(c, block) * block > 1.1 * c and divides >= 32:
+        block = divides
+    return block
+
+
 def _blocks(c: int) -> tuple[int, int]:
-    """(pixels, channels) per program: all of a small layer's channels (one coalesced row per
-    pixel), 64 at most; 1,024 elements a block. The 9 taps' loads are all in flight at once:
-    4,096-element blocks spilled registers (ptxas, sm_90), 1,024 use ~130 and none."""
-    block_c = min(64, triton.next_power_of_2(c))
+    """(pixels, channels) per program, 1,024 elements a block. The 9 taps' loads are all in
+    flight at once: 4,096-element blocks spilled registers (ptxas, sm_90), 1,024 use ~130 and
+    none."""
+    block_c = _channel_block(c)
     return 1024 // block_c, block_c
 
 
 def _shape(x, weight, stride, padding, dilation):
-    n, c, h, w = x.shape
-    kh, kw = weight.shape[2:]
+    """The output's channels are the weight's: x's own, or, from one input channel, each output
+    channel's convolution of that one (_one)."""
+    n, _, h, w = x.shape
+    c, _, kh, kw = weight.shape
     ho = _out_size(h, kh, stride[0], padding[0], dilation[0])
     wo = _out_size(w, kw, stride[1], padding[1], dilation[1])
     return n, c, h, w, kh, kw, ho, wo
+
+
+def _one(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One input channel read by every output channel: a grayscale stem (MobileNetV2's first
+    convolution on MNIST, 1 -> 32), the depthwise convolution of the input broadcast over the
+    weight's channels (groups=1 in PyTorch's terms)."""
+    return x.shape[1] == 1 and weight.shape[0] > 1
 
 
 def _geometry(weight, stride, padding, dilation) -> dict:
@@ -228,14 +257,16 @@ def depthwise_conv2d(
     padding: list[int],
     dilation: list[int],
 ) -> torch.Tensor:
-    """A depthwise convolution (groups = channels) of a channels_last input; the output
-    channels_last in the input's dtype."""
+    """A depthwise convolution (groups = channels) of a channels_last input, or of a one-channel
+    input broadcast over the weight's channels (_one); the output channels_last in the input's
+    dtype."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
+    groups = x.shape[1]  # c, or 1 from one channel
     if not uses_triton(x):  # channels_last, as the fake says (inductor checks the strides)
         k = weight.to(x.dtype)
-        y = F.conv2d(x, k, None if bias is None else bias.to(x.dtype), stride, padding, dilation, c)
-        return _channels_last(y)
-    x = _channels_last(x)
+        b = None if bias is None else bias.to(x.dtype)
+        return _channels_last(F.conv2d(x, k, b, stride, padding, dilation, groups))
+    x = _channels_last(x)  # a one-channel input's NCHW layout already is
     y = torch.empty(
         (n, c, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last
     )
@@ -245,7 +276,8 @@ def depthwise_conv2d(
         x, _taps(weight, x.dtype), bias if bias is not None else weight, y,
         n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
         **_geometry(weight, stride, padding, dilation),
-        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
+        HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, y),
+        ONE=_one(x, weight),
     )  # fmt: skip
     return y
 
@@ -266,35 +298,44 @@ def depthwise_conv2d_backward(
     stride: list[int],
     padding: list[int],
     dilation: list[int],
+    input_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (input gradient in the input's dtype, weight and bias gradients in fp32, or in the
-    weight's dtype when wider)."""
+    weight's dtype when wider). input_grad=False (an input that needs none: a stem's images):
+    the input gradient is an empty tensor, not computed."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
+    groups, one = x.shape[1], _one(x, weight)
+    k = weight.to(x.dtype)
     if not uses_triton(x):
-        k = weight.to(x.dtype)
         g = grad.to(x.dtype)
-        dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, c)
-        dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, c)
-        dw = dw.to(_acc(weight)).contiguous()
-        return _channels_last(dx), dw, g.to(_acc(weight)).sum((0, 2, 3))
+        dx = x.new_empty(0)
+        if input_grad:
+            dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, groups)
+            dx = _channels_last(dx)
+        dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, groups)
+        return dx, dw.to(_acc(weight)).contiguous(), g.to(_acc(weight)).sum((0, 2, 3))
     x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
-    dx = torch.empty_like(x, memory_format=torch.channels_last)
     block_p, block_c = _blocks(c)
     geometry = _geometry(weight, stride, padding, dilation)
     sh, sw = stride
-    # the largest residue class (0, 0) sets the pixel blocks; the others mask their tail
-    pixel_blocks = triton.cdiv(n * triton.cdiv(h, sh) * triton.cdiv(w, sw), block_p)
-    grid = (pixel_blocks, triton.cdiv(c, block_c), sh * sw)
-    _dw_input_grad[grid](
-        grad, _taps(weight, x.dtype), dx, n, c, h, w, ho, wo, *grad.stride(), *x.stride(),
-        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
-    )  # fmt: skip
+    dx = x.new_empty(0)
+    if input_grad and one:  # the sum over the output channels: cuDNN's (not a stem's need)
+        dx = torch.nn.grad.conv2d_input(x.shape, k, grad, stride, padding, dilation, 1)
+        dx = _channels_last(dx)
+    elif input_grad:
+        dx = torch.empty_like(x, memory_format=torch.channels_last)
+        # the largest residue class (0, 0) sets the pixel blocks; the others mask their tail
+        pixel_blocks = triton.cdiv(n * triton.cdiv(h, sh) * triton.cdiv(w, sw), block_p)
+        grid = (pixel_blocks, triton.cdiv(c, block_c), sh * sw)
+        _dw_input_grad[grid](
+            grad, _taps(weight, x.dtype), dx, n, c, h, w, ho, wo, *grad.stride(), *x.stride(),
+            **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad),
+        )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
-        k = weight.to(x.dtype)
-        dw = torch.nn.grad.conv2d_weight(x, k.shape, grad, stride, padding, dilation, c)
+        dw = torch.nn.grad.conv2d_weight(x, k.shape, grad, stride, padding, dilation, groups)
         return dx, dw.to(_acc(weight)), grad.to(_acc(weight)).sum((0, 2, 3))
     # 10 accumulators of 512 elements: ~100 registers (1,024-element ones: 212)
-    block_c = min(64, triton.next_power_of_2(c))
+    block_c = _channel_block(c)
     block_p = 512 // block_c
     blocks = triton.cdiv(n * ho * wo, block_p)
     # a few waves of the GPU's SMs in all, over the channel blocks: 2,048 programs for each
@@ -305,7 +346,7 @@ def depthwise_conv2d_backward(
     geometry = {k: v for k, v in geometry.items() if k not in ("KH", "KW")}
     _dw_weight_grad_3x3[(programs, chunks)](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
-        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x),
+        **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad), ONE=one,
     )  # fmt: skip
     total = part.sum(0).to(_acc(weight))
     # copies: with one channel these would be views of `total`, which a custom op may not return
@@ -314,9 +355,13 @@ def depthwise_conv2d_backward(
 
 
 @depthwise_conv2d_backward.register_fake
-def _(grad, x, weight, stride, padding, dilation):
-    c = x.shape[1]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+def _(grad, x, weight, stride, padding, dilation, input_grad=True):
+    c = weight.shape[0]
+    dx = x.new_empty(0)
+    if input_grad:
+        dx = torch.empty(
+            x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
+        )
     return (
         dx,
         weight.new_empty(weight.shape, dtype=_acc(weight)),
@@ -333,9 +378,10 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    dx, dw, db = depthwise_conv2d_backward(grad, x, weight, *ctx.geometry)
+    input_grad = ctx.needs_input_grad[0]
+    dx, dw, db = depthwise_conv2d_backward(grad, x, weight, *ctx.geometry, input_grad)
     db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
-    return dx, dw.to(weight.dtype), db, None, None, None
+    return dx if input_grad else None, dw.to(weight.dtype), db, None, None, None
 
 
 depthwise_conv2d.register_autograd(_backward, setup_context=_setup)
