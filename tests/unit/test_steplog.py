@@ -86,3 +86,54 @@ def test_weights_and_biases_gets_the_same_points(tmp_path, monkeypatch):
         assert data["train/loss"] == point["loss"] and data["train/grad_norm"] > 0
     (events,) = (out / "wandb").glob("offline-run-*/run-*.wandb")  # wandb wrote its run
     assert events.stat().st_size > 0
+
+
+class LandsLater:
+    """A CUDA event's stand-in: its copies land when the test says."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_a_point_waits_for_its_values_in_order_and_the_end_waits_for_all():
+    """Reporter.flush: a point whose GPU values are still being copied is held, and the points
+    after it with it (the log stays in step order); once they land both are written; at an
+    epoch's end or the close every point is written, waiting for its copies."""
+    from collections import deque
+
+    from paratrain.trainer.report import Point, Reporter
+
+    reporter = object.__new__(Reporter)  # flush() needs only its queue and emit()
+    written = []
+    reporter.emit = lambda point: written.append(point.step)
+    first, third = LandsLater(), LandsLater()
+    points = [(2, first), (4, None), (6, third)]
+    reporter.pending = deque(
+        Point(s, s, 0.0, 0.0, 0.1, None, False, True, {}, e) for s, e in points
+    )
+    reporter.flush(wait=False)
+    assert written == []
+    first.done = True
+    reporter.flush(wait=False)
+    assert written == [2, 4]
+    reporter.flush(wait=True)
+    assert written == [2, 4, 6] and third.done and not reporter.pending
+
+
+def test_sent_values_are_the_steps_own():
+    """send(): a tensor's value as it was at the point (the loss sum grows in place after it)."""
+    import torch
+
+    from paratrain.trainer.report import number, send
+
+    loss_sum = torch.tensor(3.0)
+    values, landed = send({"loss_sum": loss_sum, "grad_norm": 0.5, "loss_scale": None})
+    loss_sum += 1.0
+    assert landed is None  # no CUDA tensor: nothing on its way
+    assert [number(values[k]) for k in ("loss_sum", "grad_norm", "loss_scale")] == [3.0, 0.5, None]

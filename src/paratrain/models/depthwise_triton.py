@@ -359,9 +359,7 @@ def _(grad, x, weight, stride, padding, dilation, input_grad=True):
     c = weight.shape[0]
     dx = x.new_empty(0)
     if input_grad:
-        dx = torch.empty(
-            x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
-        )
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     return (
         dx,
         weight.new_empty(weight.shape, dtype=_acc(weight)),
