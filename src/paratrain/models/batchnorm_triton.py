@@ -5,12 +5,12 @@ MobileNetV2 at 500x500 input spends most of its step in BatchNorm: 36 layers who
 64 x 96 x 250 x 250. Each is a pass over memory with nothing to compute, and in channels_last
 the statistics are sums down the columns of an [N*H*W, C] matrix with few columns (16 to 144
 at the largest sides), which inductor's generated reductions read at a fraction of the GPU's
-bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix in row blocks,
-all of a layer's channels at once (one contiguous stretch of memory a block), each program
-summing its share of the rows into one row of partial sums; torch adds the programs' rows and
-one small kernel works out the per-channel terms from the sums (as torch arithmetic those were
-~15 launches a layer each way: 3 ms of a 39 ms step in CUDA graphs, issue 34's profile of
-2026-12-03):
+bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix as rows of
+lcm(C, 128) elements (_wide), 128 contiguous lanes a block, each lane keeping one channel; each
+program sums its share of the rows into one row of partial sums per lane; torch adds the
+programs' rows and a channel's lanes, and one small kernel works out the per-channel terms
+from the sums (as torch arithmetic those were ~15 launches a layer each way: 3 ms of a 39 ms
+step in CUDA graphs, issue 34's profile of 2026-12-03):
 
 - forward: the statistics (one read), then y = act(x * scale + shift) (one read, one write);
 - backward: the sums of the gradient and of gradient x (x - mean) over each channel, the
@@ -27,6 +27,8 @@ arithmetic in torch.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -50,34 +52,39 @@ if triton is not None:
         return passes
 
     @triton.jit
+    def _lanes(LANES: tl.constexpr, k, C):
+        """Block k's positions in a row of the wide view (_wide) and their channels."""
+        lane = k * LANES + tl.arange(0, LANES)
+        return lane, lane % C
+
+    @triton.jit
     def _col_sums(
-        x, g, weight, bias, mean, invstd, part, P, C, blocks,
-        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
-        UNROLL: tl.constexpr, VEC: tl.constexpr,
+        x, g, weight, bias, mean, invstd, part, T, C, W, blocks,
+        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_R: tl.constexpr, LANES: tl.constexpr,
+        BIG: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """Each program's row of per-channel sums over its row blocks of the [P, C] matrix,
-        UNROLL consecutive blocks a turn of its loop (their loads independent of each other, so
-        more bytes in flight per thread).
+        """Each program's sums over its row blocks of the wide view (_wide) for lane block
+        program_id(1), per lane (the lanes of one channel are added after, in torch), UNROLL
+        consecutive blocks a turn of its loop (their loads independent of each other, so more
+        bytes in flight per thread).
         GRAD=False: sum(x - s), sum((x - s)^2) with s = x's first row (each channel's first
         value). GRAD=True: g's sum and sum(g * (x - mean)), g masked by the activation at
         z = x * scale + shift (scale and shift from the forward's mean and invstd)."""
-        C = C // VEC * VEC  # C itself: _vec's note
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cm = c < C
+        lane, ch = _lanes(LANES, tl.program_id(1), C)
         if GRAD:
-            s = tl.load(mean + c, cm, 0.0)
-            scale = tl.load(weight + c, cm, 0.0).to(tl.float32) * tl.load(invstd + c, cm, 0.0)
-            shift = tl.load(bias + c, cm, 0.0).to(tl.float32) - s * scale
+            s = tl.load(mean + ch)
+            scale = tl.load(weight + ch).to(tl.float32) * tl.load(invstd + ch)
+            shift = tl.load(bias + ch).to(tl.float32) - s * scale
         else:
-            s = tl.load(x + c, cm, 0.0).to(tl.float32)
+            s = tl.load(x + ch).to(tl.float32)
         # one accumulator element a thread's element: summed across threads once, at the end
-        first = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-        second = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        first = tl.zeros([BLOCK_R, LANES], dtype=tl.float32)
+        second = tl.zeros([BLOCK_R, LANES], dtype=tl.float32)
         for turn in range(tl.program_id(0), tl.cdiv(blocks, UNROLL), tl.num_programs(0)):
             for u in tl.static_range(UNROLL):
-                r = block_index((turn * UNROLL + u) * BLOCK_P, BLOCK_P, BIG)
-                m = (r < P)[:, None] & cm[None, :]
-                at = r[:, None] * C + c[None, :]
+                r = block_index((turn * UNROLL + u) * BLOCK_R, BLOCK_R, BIG)
+                at = r[:, None] * W + lane[None, :]
+                m = at < T
                 v = tl.load(x + at, m, 0.0).to(tl.float32)
                 d = tl.where(m, v - s[None, :], 0.0)
                 if GRAD:
@@ -89,9 +96,9 @@ if triton is not None:
                 else:
                     first += d
                     second += d * d
-        out = part + tl.program_id(0) * 2 * C + c
-        tl.store(out, tl.sum(first, 0), cm)
-        tl.store(out + C, tl.sum(second, 0), cm)
+        out = part + tl.program_id(0) * 2 * W + lane
+        tl.store(out, tl.sum(first, 0))
+        tl.store(out + W, tl.sum(second, 0))
 
     @triton.jit
     def _finish_stats(
@@ -136,30 +143,27 @@ if triton is not None:
 
     @triton.jit
     def _affine(
-        x, g, coef, y, P, C, chunks,
-        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
-        VEC: tl.constexpr,
+        x, g, coef, y, T, C, W, chunks,
+        ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_R: tl.constexpr, LANES: tl.constexpr,
+        BIG: tl.constexpr,
     ):  # fmt: skip
         """GRAD=False: y = act(x * a + b), coef = [a, b]. GRAD=True: the input gradient
         y = k1 * g' + k2 * x + k3 with g' the activation-masked g (mask at x * a + b),
-        coef = [a, b, k1, k2, k3]. One grid axis, the channel blocks of a row block
-        consecutive: they run together and read the rows' memory together (with narrow blocks
-        a row's bytes are split between programs; spread over the grid's run each would fetch
-        its neighbours' bytes again)."""
-        C = C // VEC * VEC  # C itself: _vec's note
-        r = block_index(tl.program_id(0) // chunks * BLOCK_P, BLOCK_P, BIG)
-        c = tl.program_id(0) % chunks * BLOCK_C + tl.arange(0, BLOCK_C)
-        cm = c < C
-        m = (r < P)[:, None] & cm[None, :]
-        at = r[:, None] * C + c[None, :]
+        coef = [a, b, k1, k2, k3]. A block of the wide view (_wide) a program, one grid axis
+        with a row block's lane blocks consecutive: they run together and read one stretch of
+        memory together."""
+        lane, ch = _lanes(LANES, tl.program_id(0) % chunks, C)
+        r = block_index(tl.program_id(0) // chunks * BLOCK_R, BLOCK_R, BIG)
+        at = r[:, None] * W + lane[None, :]
+        m = at < T
         v = tl.load(x + at, m, 0.0).to(tl.float32)
-        z = v * tl.load(coef + c, cm, 0.0)[None, :] + tl.load(coef + C + c, cm, 0.0)[None, :]
+        z = v * tl.load(coef + ch)[None, :] + tl.load(coef + C + ch)[None, :]
         if GRAD:
             gv = tl.load(g + at, m, 0.0).to(tl.float32)
             gv = tl.where(_act_mask(z, ACT), gv, 0.0)
-            k1 = tl.load(coef + 2 * C + c, cm, 0.0)[None, :]
-            k2 = tl.load(coef + 3 * C + c, cm, 0.0)[None, :]
-            k3 = tl.load(coef + 4 * C + c, cm, 0.0)[None, :]
+            k1 = tl.load(coef + 2 * C + ch)[None, :]
+            k2 = tl.load(coef + 3 * C + ch)[None, :]
+            k3 = tl.load(coef + 4 * C + ch)[None, :]
             out = k1 * gv + k2 * v + k3
         else:
             out = z
@@ -187,33 +191,26 @@ def _like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
 
 
-def _vec(c: int) -> int:
-    """The most elements (up to 8: 16 bytes of bf16) a row of C starts aligned to. Written into
-    the kernels as C // VEC * VEC, it tells Triton what it cannot see in a C of 24 (Triton marks
-    integer arguments divisible by 16 only): without it each element was its own 2-byte load
-    (sm_90 SASS: LDG.E.U16; LDG.E.128 with it)."""
-    return next(v for v in (8, 4, 2, 1) if c % v == 0)
+# The [P, C] matrix read as rows of W = lcm(C, 128) elements (_wide): every block of 128 lanes is
+# a contiguous 256-byte stretch of each of its rows, whatever C is, and each lane keeps one
+# channel, (k * 128 + j) % C. Blocks of channels instead (a [rows, C] tile split at powers of
+# two) left lanes masked or rows cut into narrow pieces: at C = 144, blocks of 128 + 128 (16
+# used) or 9 x 16 (32-byte pieces); the 144-channel layers' elementwise pass moved 3.0 TB/s
+# either way against 4.1-4.7 at 32 and 96 channels (calls 23 and 25, 2026-12-03).
+LANES, BLOCK_R = 128, 16  # 2,048 elements a block (~70 registers on sm_90; 8,192 took all 255)
 
 
-def _blocks(c: int) -> tuple[int, int]:
-    """(rows, channels) a block: 2,048 elements (~70 registers on sm_90; 8,192 took all 255);
-    every channel of a layer up to 128 (one contiguous stretch of the matrix). Wider layers
-    split into blocks of 128, or of the largest power of two (16 or more) that divides C where
-    blocks of 128 would leave more than a tenth of their lanes masked: 144 channels as 9 x 16,
-    not 128 + a block of 128 with 16 used. That masked block did the unmasked one's work for
-    an eighth of its bytes; in the 2026-12-03 sweep the 144-channel layers read at 1.8-2.3 TB/s
-    against 3.2-3.5 for 32 channels."""
-    block_c = min(128, triton.next_power_of_2(c))
-    divides = min(128, c & -c)  # the largest power of two dividing c
-    if triton.cdiv(c, block_c) * block_c > 1.1 * c and divides >= 16:
-        block_c = divides
-    return max(16, 2048 // block_c), block_c
+def _wide(x2: torch.Tensor) -> tuple[int, int, int, int]:
+    """-> (T elements, W elements a wide row, wide rows, lane blocks a row)."""
+    p, c = x2.shape
+    w = c * LANES // math.gcd(c, LANES)
+    return p * c, w, triton.cdiv(p * c, w), w // LANES
 
 
 # _col_sums' grid and loop, as measured on the H200 (2026-12-03, call 21: colsums_sweep.py over
 # every MobileNetV2 layer, 8 choices): 4 blocks a turn; a layer of 100 MB or more on 528 programs
 # in all (the grid resident at once: 2 x 528 programs of 2 channel blocks ran in two waves), a
-# smaller one on 264 per channel block (6.3 ms a step against 8.4 for 1,024 programs, 1 a turn)
+# smaller one on 264 per lane block (6.3 ms a step against 8.4 for 1,024 programs, 1 a turn)
 COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS, COL_SUMS_UNROLL = 528, 264, 4
 COL_SUMS_BIG_BYTES = 10**8
 
@@ -221,26 +218,26 @@ COL_SUMS_BIG_BYTES = 10**8
 def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) -> torch.Tensor:
     """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
     invstd) in the backward, None in the forward. programs / unroll: the grid's programs per
-    channel block and blocks a turn (0: the defaults above)."""
-    p, c = x2.shape
-    block_p, block_c = _blocks(c)
-    blocks, chunks = triton.cdiv(p, block_p), triton.cdiv(c, block_c)
+    lane block and blocks a turn (0: the defaults above)."""
+    c = x2.shape[1]
+    t, w, rows, chunks = _wide(x2)
+    blocks = triton.cdiv(rows, BLOCK_R)
     unroll = unroll or COL_SUMS_UNROLL
     most = programs or _col_sums_programs(x2, chunks)
     programs = min(triton.cdiv(blocks, unroll), most)
-    part = torch.empty((programs, 2, c), dtype=torch.float32, device=x2.device)
+    part = torch.empty((programs, 2, w), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, chunks)](
-        x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, p, c, blocks,
-        ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=big(x2), UNROLL=unroll, VEC=_vec(c),
+        x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, t, c, w, blocks,
+        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=big(x2), UNROLL=unroll,
     )  # fmt: skip
-    # torch's reduction adds the programs' rows (9 us a layer on the H200; a loop over them in
-    # the _finish kernel, one program per 128 channels, took 60-76 us: latency-bound)
-    return part.sum(0)
+    # one torch reduction adds the programs' rows and a channel's lanes (9 us a layer on the
+    # H200; a loop over the rows in the _finish kernel, one program per 128 channels, took
+    # 60-76 us: latency-bound)
+    return part.view(programs, 2, w // c, c).sum((0, 2))
 
 
 def _col_sums_programs(x2: torch.Tensor, chunks: int) -> int:
-    """Programs per channel block (COL_SUMS_* above); 4 in Triton's CPU interpreter."""
+    """Programs per lane block (COL_SUMS_* above); 4 in Triton's CPU interpreter."""
     if not x2.is_cuda:
         return 4
     if x2.numel() * x2.element_size() >= COL_SUMS_BIG_BYTES:
@@ -249,19 +246,16 @@ def _col_sums_programs(x2: torch.Tensor, chunks: int) -> int:
 
 
 def _finish_grid(c: int) -> tuple[tuple[int], int]:
-    """(grid, channels a program) of the _finish kernels: the column blocks of _blocks."""
-    block_c = _blocks(c)[1]
+    """(grid, channels a program) of the _finish kernels: up to 128 channels a program."""
+    block_c = min(128, triton.next_power_of_2(c))
     return (triton.cdiv(c, block_c),), block_c
 
 
 def _apply(x2, g2, coef, out, act: int) -> None:
-    p, c = x2.shape
-    block_p, block_c = _blocks(c)
-    chunks = triton.cdiv(c, block_c)
-    _affine[(triton.cdiv(p, block_p) * chunks,)](
-        x2, x2 if g2 is None else g2, coef, out, p, c, chunks,
-        ACT=act, GRAD=g2 is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-        BIG=big(x2), VEC=_vec(c),
+    t, w, rows, chunks = _wide(x2)
+    _affine[(triton.cdiv(rows, BLOCK_R) * chunks,)](
+        x2, x2 if g2 is None else g2, coef, out, t, x2.shape[1], w, chunks,
+        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=big(x2),
     )  # fmt: skip
 
 
