@@ -106,6 +106,14 @@ def test_compiled_triton_stem_matches_cudnn_bf16():
     assert (outs[0] - outs[1]).abs().max() < 0.05 * outs[0].abs().max()
     for a, b in zip(grads[0], grads[1], strict=True):
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
+    # as in training: images without requires_grad, so no input gradient is computed
+    conv.weight.grad = layer.weight.grad = None
+    g = torch.randn_like(outs[0])
+    for module in (conv, layer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            module(x).backward(g)
+    a, b = conv.weight.grad.flatten(), layer.weight.grad.flatten()
+    assert F.cosine_similarity(a, b, dim=0) > 0.999
 
 
 def test_compiled_triton_batchnorm_step_matches_native_fp32(no_tf32):
@@ -120,7 +128,7 @@ def test_compiled_triton_batchnorm_step_matches_native_fp32(no_tf32):
     assert all(torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4) for a, b in bufs)
 
 
-# MobileNetV2's 250 px BatchNorm layers; 144 channels (125 px in the model) in blocks of 16
+# MobileNetV2's 250 px BatchNorm layers; 144 channels (125 px in the model): wide rows of 1,152
 @pytest.mark.parametrize("channels", [32, 96, 144])
 def test_triton_batchnorm_relu6_layer_matches_native_bf16(channels):
     from paratrain.models.batchnorm_triton import RELU6, TritonBatchNorm

@@ -25,8 +25,8 @@ from torch import nn
 from paratrain.models.batchnorm_triton import NONE, RELU, RELU6, TritonBatchNorm
 
 torch.manual_seed(0)
-# 6 channels; 70 (a masked block); 130 (two channel blocks); 144 (nine blocks of 16, the
-# interleaved grid of _affine): with each activation
+# with each activation: 6 channels (wide rows of 384: 64 pixels, 3 lane blocks); 70 (4,480: 35
+# blocks); 130; 144 (1,152: MobileNetV2's, 9 blocks); each with a last wide row cut short
 for c, act, module in [(6, RELU6, nn.ReLU6()), (70, NONE, nn.Identity()), (130, RELU, nn.ReLU()),
                        (144, RELU6, nn.ReLU6())]:
     bn = nn.BatchNorm2d(c)

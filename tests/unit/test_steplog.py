@@ -137,3 +137,25 @@ def test_sent_values_are_the_steps_own():
     loss_sum += 1.0
     assert landed is None  # no CUDA tensor: nothing on its way
     assert [number(values[k]) for k in ("loss_sum", "grad_norm", "loss_scale")] == [3.0, 0.5, None]
+
+
+def test_a_failed_runs_last_points_are_written_and_a_gpu_error_does_not_hide_its_own():
+    """Reporter.salvage (fit's finally): the points still on their way are written; if waiting
+    for them fails too (the GPU's own error), nothing is raised over the run's error."""
+    from collections import deque
+
+    from paratrain.trainer.report import Point, Reporter
+
+    class Broken(LandsLater):
+        def synchronize(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    reporter = object.__new__(Reporter)
+    written = []
+    reporter.emit = lambda point: written.append(point.step)
+    reporter.pending = deque([Point(3, 3, 0.0, 0.0, 0.1, None, False, True, {}, LandsLater())])
+    reporter.salvage()
+    assert written == [3] and not reporter.pending
+    reporter.pending = deque([Point(6, 6, 0.0, 0.0, 0.1, None, False, True, {}, Broken())])
+    reporter.salvage()
+    assert written == [3] and not reporter.pending

@@ -207,6 +207,12 @@ def _wide(x2: torch.Tensor) -> tuple[int, int, int, int]:
     return p * c, w, triton.cdiv(p * c, w), w // LANES
 
 
+def _big(x2: torch.Tensor, w: int, unroll: int = 1) -> bool:
+    """int64 offsets (triton_common.big) where the blocks past the end (a loop turn's, up to
+    unroll + 1 row blocks of W) would reach 2**31: W is up to 128 C."""
+    return big(x2) or x2.numel() + (unroll + 1) * BLOCK_R * w >= 2**31
+
+
 # _col_sums' grid and loop, as measured on the H200 (2026-12-03, call 21: colsums_sweep.py over
 # every MobileNetV2 layer, 8 choices): 4 blocks a turn; a layer of 100 MB or more on 528 programs
 # in all (the grid resident at once: 2 x 528 programs of 2 channel blocks ran in two waves), a
@@ -228,7 +234,8 @@ def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) ->
     part = torch.empty((programs, 2, w), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, chunks)](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, t, c, w, blocks,
-        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=big(x2), UNROLL=unroll,
+        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=_big(x2, w, unroll),
+        UNROLL=unroll,
     )  # fmt: skip
     # one torch reduction adds the programs' rows and a channel's lanes (9 us a layer on the
     # H200; a loop over the rows in the _finish kernel, one program per 128 channels, took
@@ -237,12 +244,14 @@ def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) ->
 
 
 def _col_sums_programs(x2: torch.Tensor, chunks: int) -> int:
-    """Programs per lane block (COL_SUMS_* above); 4 in Triton's CPU interpreter."""
+    """Programs per lane block (COL_SUMS_* above), 4,096 at most in all: a C with few factors of
+    2 has many lane blocks (C = 1001: 1,001), and each program's partial row is W floats; 4 in
+    Triton's CPU interpreter."""
     if not x2.is_cuda:
         return 4
     if x2.numel() * x2.element_size() >= COL_SUMS_BIG_BYTES:
         return max(1, COL_SUMS_PROGRAMS // chunks)
-    return COL_SUMS_SMALL_PROGRAMS
+    return max(1, min(COL_SUMS_SMALL_PROGRAMS, 4096 // chunks))
 
 
 def _finish_grid(c: int) -> tuple[tuple[int], int]:
@@ -255,7 +264,7 @@ def _apply(x2, g2, coef, out, act: int) -> None:
     t, w, rows, chunks = _wide(x2)
     _affine[(triton.cdiv(rows, BLOCK_R) * chunks,)](
         x2, x2 if g2 is None else g2, coef, out, t, x2.shape[1], w, chunks,
-        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=big(x2),
+        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=_big(x2, w),
     )  # fmt: skip
 
 

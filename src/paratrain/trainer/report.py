@@ -143,6 +143,15 @@ class Reporter:
             self.pending.popleft()
             self.emit(point)
 
+    def salvage(self) -> None:
+        """The points still on their way, written when the run ends by an error (close() has
+        written them otherwise); a failure here (the GPU's own error) leaves the first one to
+        be reported."""
+        try:
+            self.flush(wait=True)
+        except Exception:  # noqa: BLE001 - the run's error is the one to surface
+            self.pending.clear()
+
     def emit(self, point: Point) -> None:
         v = {key: number(value) for key, value in point.values.items()}
         if point.bar:

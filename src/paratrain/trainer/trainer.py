@@ -67,6 +67,7 @@ class Trainer:
                 epochs.append(self.epoch())
             return self.finish(epochs, began)
         finally:
+            self.report.salvage()  # a failed run's last points (the steps before a divergence)
             self.watchdog.stop()
             self.interrupts.close()
 
