@@ -1,10 +1,11 @@
 """The Triton BatchNorm's column sums (models/batchnorm_triton.py, _col_sums: its statistics
 in the forward, its two gradient sums in the backward) on each distinct MobileNetV2 BatchNorm
-input (500x500, batch 64, bf16, channels_last), for several grids and loop unrollings: the
-GPU's kernel time (layer_timing.py) and the bandwidth it implies. On 2026-12-03 (call 19's
-profile) these kernels moved their bytes at about 1.7 TB/s against 3.8 for the elementwise
-_affine pass; this says which (programs, blocks a turn) reads fastest, layer by layer and over
-the whole step, for COL_SUMS_PROGRAMS / COL_SUMS_UNROLL.
+input (500x500, batch 64, bf16, channels_last), for several grids, loop unrollings, block
+heights and warps: the GPU's kernel time (layer_timing.py) and the bandwidth it implies. On
+2026-12-03 (call 25's profile) these kernels moved their bytes at about 2.7 TB/s against 4.1
+for the elementwise _affine pass; this says which choice reads fastest, layer by layer and over
+the whole step, for the COL_SUMS_* defaults. "default" is the code's own rule (programs by the
+layer's size).
 
     python benchmarks/device/colsums_sweep.py OUT.json   (on a GPU; prints a table too)
 """
@@ -20,8 +21,26 @@ from layer_timing import time_ms
 
 from paratrain.models.batchnorm_triton import RELU6, _column_sums, _rows
 
-# (programs per channel block, blocks a turn): the default first
-CHOICES = [(1024, 1), (528, 1), (2048, 1), (1024, 2), (528, 2), (264, 4), (528, 4), (1024, 4)]
+# (programs per lane block, blocks a turn, wide rows a block, warps a program); 0: the default.
+# Call 21 and 26 timed grids and unrollings at 16 rows and 4 warps; these add taller blocks and
+# 8 warps (more bytes in flight per program: the loop does not overlap one turn's loads with
+# the previous turn's sums)
+CHOICES = [
+    (0, 0, 0, 0),
+    (264, 4, 0, 0),
+    (1024, 2, 0, 0),
+    (0, 0, 0, 8),
+    (0, 0, 32, 8),
+    (0, 2, 32, 8),
+    (264, 2, 32, 8),
+    (0, 0, 8, 4),
+]
+
+
+def label(programs: int, unroll: int, rows: int, warps: int) -> str:
+    if not any((programs, unroll, rows, warps)):
+        return "default"
+    return f"{programs or 'd'}x{unroll or 'd'}r{rows or 'd'}w{warps or 'd'}"
 
 
 def main() -> None:
@@ -40,10 +59,10 @@ def main() -> None:
             nbytes = x2.numel() * x2.element_size() * (2 if grad else 1)
             row = {"channels": c, "side": shape[-1], "layers": count, "grad": grad}
             row["bytes"] = nbytes
-            for programs, unroll in CHOICES:
+            for choice in CHOICES:
                 args = (x2, g2, stats) if grad else (x2, None, None)
-                _, kernels = time_ms(_column_sums, *args, RELU6, programs, unroll)
-                row[f"{programs}x{unroll}_ms"] = kernels
+                _, kernels = time_ms(_column_sums, *args, RELU6, *choice)
+                row[f"{label(*choice)}_ms"] = kernels
             rows.append(row)
             write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
             best = min((k for k in row if k.endswith("_ms")), key=row.get)

@@ -207,10 +207,10 @@ def _wide(x2: torch.Tensor) -> tuple[int, int, int, int]:
     return p * c, w, triton.cdiv(p * c, w), w // LANES
 
 
-def _big(x2: torch.Tensor, w: int, unroll: int = 1) -> bool:
+def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> bool:
     """int64 offsets (triton_common.big) where the blocks past the end (a loop turn's, up to
     unroll + 1 row blocks of W) would reach 2**31: W is up to 128 C."""
-    return big(x2) or x2.numel() + (unroll + 1) * BLOCK_R * w >= 2**31
+    return big(x2) or x2.numel() + (unroll + 1) * block_r * w >= 2**31
 
 
 # _col_sums' grid and loop, as measured on the H200 (2026-12-03, call 21: colsums_sweep.py over
@@ -221,21 +221,25 @@ COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS, COL_SUMS_UNROLL = 528, 264, 4
 COL_SUMS_BIG_BYTES = 10**8
 
 
-def _column_sums(x2, g2, stats, act: int, programs: int = 0, unroll: int = 0) -> torch.Tensor:
+def _column_sums(
+    x2, g2, stats, act: int, programs: int = 0, unroll: int = 0, rows: int = 0, warps: int = 0
+) -> torch.Tensor:
     """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
-    invstd) in the backward, None in the forward. programs / unroll: the grid's programs per
-    lane block and blocks a turn (0: the defaults above)."""
+    invstd) in the backward, None in the forward. programs / unroll / rows / warps: the grid's
+    programs per lane block, blocks a turn, wide rows a block, warps a program (0: the
+    defaults above; benchmarks/device/colsums_sweep.py times others)."""
     c = x2.shape[1]
-    t, w, rows, chunks = _wide(x2)
-    blocks = triton.cdiv(rows, BLOCK_R)
+    t, w, wide_rows, chunks = _wide(x2)
+    block_r = rows or BLOCK_R
+    blocks = triton.cdiv(wide_rows, block_r)
     unroll = unroll or COL_SUMS_UNROLL
     most = programs or _col_sums_programs(x2, chunks)
     programs = min(triton.cdiv(blocks, unroll), most)
     part = torch.empty((programs, 2, w), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, chunks)](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, t, c, w, blocks,
-        ACT=act, GRAD=g2 is not None, BLOCK_R=BLOCK_R, LANES=LANES, BIG=_big(x2, w, unroll),
-        UNROLL=unroll,
+        ACT=act, GRAD=g2 is not None, BLOCK_R=block_r, LANES=LANES,
+        BIG=_big(x2, w, unroll, block_r), UNROLL=unroll, num_warps=warps or 4,
     )  # fmt: skip
     # one torch reduction adds the programs' rows and a channel's lanes (9 us a layer on the
     # H200; a loop over the rows in the _finish kernel, one program per 128 channels, took
