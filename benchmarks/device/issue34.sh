@@ -6,8 +6,10 @@
 #     (depthwise.json, batchnorm.json): cuDNN, inductor, paratrain's Triton kernels, each as wall
 #     time and as the GPU's kernel time (benchmarks/device/layer_timing.py); the stem convolution
 #     (1 -> 32 channels) as cuDNN, compiled and shift-add (stem.json);
-#   MODE=colsums: the Triton BatchNorm's column sums per layer for each (programs, unroll) choice
+#   MODE=colsums: the Triton BatchNorm's column sums per layer for each grid / loop / block choice
 #     (colsums.json; benchmarks/device/colsums_sweep.py);
+#   MODE=dwsweep: the Triton depthwise kernels (and the stem) kernel by kernel for each block size
+#     and warps, cuDNN beside them (dwsweep.json; benchmarks/device/dw_sweep.py);
 #   MODE=images: MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style
 #     script and paratrain's fastest rows (ONLY_IMAGES="<label texts>");
 #   MODE=profile: PROFILES="name:recipe:k=v,k=v ...", each a paratrain run with 3 steps profiled
@@ -69,6 +71,10 @@ layers)  # each MobileNetV2 depthwise and BatchNorm layer alone, forward + backw
 colsums)  # the Triton BatchNorm's column sums alone, per layer, for several grids / unrollings
   left=$((BUDGET - (SECONDS - start)))
   timeout $left python3 benchmarks/device/colsums_sweep.py "$OUT/colsums.json" 2>&1 | tail -40
+  ;;
+dwsweep)  # the Triton depthwise kernels alone, per layer, for several blocks and warps
+  left=$((BUDGET - (SECONDS - start)))
+  timeout $left python3 benchmarks/device/dw_sweep.py "$OUT/dwsweep.json" 2>&1 | tail -14
   ;;
 images)  # MobileNetV2 at 500x500 (recipes/bench/speed.yaml, one GPU): the seed-style script
   # beside paratrain's fastest rows (shift-add / Triton depthwise, Triton BatchNorm)

@@ -206,12 +206,18 @@ def _channel_block(c: int) -> int:
     return block
 
 
+# Elements a program (the forward's and the input gradient's; the weight gradient's), and warps
+# a program. The 9 taps' loads are all in flight at once: 4,096-element blocks on 4 warps
+# spilled registers (ptxas, sm_90), 1,024 use ~130 and none; the weight gradient's 10
+# accumulators of 512 elements ~100 (1,024-element ones: 212). benchmarks/device/dw_sweep.py
+# times other choices kernel by kernel.
+TILE, WGRAD_TILE, WARPS = 1024, 512, 4
+
+
 def _blocks(c: int) -> tuple[int, int]:
-    """(pixels, channels) per program, 1,024 elements a block. The 9 taps' loads are all in
-    flight at once: 4,096-element blocks spilled registers (ptxas, sm_90), 1,024 use ~130 and
-    none."""
+    """(pixels, channels) per program: TILE elements a block."""
     block_c = _channel_block(c)
-    return 1024 // block_c, block_c
+    return max(1, TILE // block_c), block_c
 
 
 def _shape(x, weight, stride, padding, dilation):
@@ -277,7 +283,7 @@ def depthwise_conv2d(
         n * ho * wo, c, h, w, ho, wo, *x.stride(), *y.stride(),
         **_geometry(weight, stride, padding, dilation),
         HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, y),
-        ONE=_one(x, weight),
+        ONE=_one(x, weight), num_warps=WARPS,
     )  # fmt: skip
     return y
 
@@ -329,14 +335,13 @@ def depthwise_conv2d_backward(
         grid = (pixel_blocks, triton.cdiv(c, block_c), sh * sw)
         _dw_input_grad[grid](
             grad, _taps(weight, x.dtype), dx, n, c, h, w, ho, wo, *grad.stride(), *x.stride(),
-            **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad),
+            **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad), num_warps=WARPS,
         )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
         dw = torch.nn.grad.conv2d_weight(x, k.shape, grad, stride, padding, dilation, groups)
         return dx, dw.to(_acc(weight)), grad.to(_acc(weight)).sum((0, 2, 3))
-    # 10 accumulators of 512 elements: ~100 registers (1,024-element ones: 212)
     block_c = _channel_block(c)
-    block_p = 512 // block_c
+    block_p = max(1, WGRAD_TILE // block_c)
     blocks = triton.cdiv(n * ho * wo, block_p)
     # a few waves of the GPU's SMs in all, over the channel blocks: 2,048 programs for each
     # of 960 channels' 15 blocks would write 78 MB of partial sums for a 31 MB layer (16 px)
@@ -347,6 +352,7 @@ def depthwise_conv2d_backward(
     _dw_weight_grad_3x3[(programs, chunks)](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad), ONE=one,
+        num_warps=WARPS,
     )  # fmt: skip
     total = part.sum(0).to(_acc(weight))
     # copies: with one channel these would be views of `total`, which a custom op may not return
