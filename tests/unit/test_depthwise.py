@@ -110,3 +110,22 @@ def test_stem_conv_swaps_the_one_channel_stem_only():
         apply_depthwise_conv(rgb, cfg.model)
     with pytest.raises(ValueError, match="stem_conv: depthwise needs"):
         load_config(None, ["model.stem_conv=depthwise"])
+
+
+def test_strided_layers_can_take_their_own_min_side():
+    """model.strided_min_side: the stride-2 depthwise layers swapped from their own input side
+    (Triton beat cuDNN at stride 2 at every MobileNetV2 size on H200), the others from
+    shift_add_min_side; unset, one threshold for all."""
+    from paratrain.config import load_config
+    from paratrain.models import apply_depthwise_conv
+
+    sets = ["model.depthwise_conv=triton", "model.shift_add_min_side=200"]
+    for extra, strided_side in [([], 200), (["model.strided_min_side=0"], 0)]:
+        model = build_mobilenet_v2(10, in_channels=1)
+        apply_depthwise_conv(model, load_config(None, [*sets, *extra]).model)
+        swapped = [m for m in model.modules() if hasattr(m, "min_side")]
+        assert len(swapped) == 17
+        for m in swapped:
+            assert m.min_side == (strided_side if max(m.stride) > 1 else 200), m
+    with pytest.raises(ValueError, match="strided_min_side: must be >= 0"):
+        load_config(None, ["model.strided_min_side=-1"])

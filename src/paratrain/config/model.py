@@ -11,7 +11,7 @@ IMAGE_MODELS = ("mobilenet_v2", "resnet50", "tiny_cnn")
 
 # Keys that mean something to one task only: a run's result.json leaves the other task's out.
 IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_batchnorm")
-IMAGE_ONLY += ("batchnorm", "stem_conv")
+IMAGE_ONLY += ("batchnorm", "stem_conv", "strided_min_side")
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
 LM_ONLY += ("kernels", "fp8", "fp8_lm_head")
@@ -60,6 +60,11 @@ class ModelConfig:
     """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
     swapped form; below it, cuDNN. On H200, shift-add wins at 250 px and loses at 125 px and
     below."""
+    strided_min_side: int | None = None
+    """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
+    swapped form for the layers of stride 2 or more; null: shift_add_min_side. On H200 (issue
+    34, call 21) paratrain's Triton kernels beat cuDNN's at stride 2 at every size MobileNetV2
+    has (144 channels at 125 px: 0.91 against 1.00 ms), but not at stride 1 below 200 px."""
     stem_conv: Literal["native", "depthwise"] = "native"
     """Image model with depthwise_conv shift-add or triton: a convolution from one input channel
     (the stem on grayscale images: MobileNetV2's 1 -> 32 on MNIST) in that form too, from
@@ -102,6 +107,8 @@ class ModelConfig:
             raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise, rowwise or delayed)")
         if self.stem_conv == "depthwise" and self.depthwise_conv == "native":
             raise ValueError("stem_conv: depthwise needs model.depthwise_conv shift-add or triton")
+        if self.strided_min_side is not None and self.strided_min_side < 0:
+            raise ValueError(f"strided_min_side: must be >= 0, got {self.strided_min_side}")
         if self.shift_add_min_side < 0:
             raise ValueError(f"shift_add_min_side: must be >= 0, got {self.shift_add_min_side}")
         if self.loss_chunk_tokens < 0:

@@ -127,11 +127,17 @@ def apply_depthwise_conv(model: nn.Module, cfg: ModelConfig) -> None:
     """model.depthwise_conv=shift-add / triton: swap the depthwise layers (models/depthwise.py,
     models/depthwise_triton.py)."""
     if cfg.depthwise_conv != "native":
-        from paratrain.models.depthwise import ShiftAddDepthwise, is_one_channel, swap_depthwise
+        from paratrain.models.depthwise import (
+            ShiftAddDepthwise,
+            is_depthwise,
+            is_one_channel,
+            swap_depthwise,
+        )
         from paratrain.models.depthwise_triton import TritonDepthwise
 
         form = TritonDepthwise if cfg.depthwise_conv == "triton" else ShiftAddDepthwise
-        if swap_depthwise(model, form, cfg.shift_add_min_side) == 0:
+        sides = (cfg.shift_add_min_side, is_depthwise, cfg.strided_min_side)
+        if swap_depthwise(model, form, *sides) == 0:
             raise UserError(f"model.depthwise_conv: {cfg.name} has no depthwise convolution")
         stem = cfg.stem_conv == "depthwise"
         if stem and swap_depthwise(model, form, cfg.shift_add_min_side, is_one_channel) == 0:

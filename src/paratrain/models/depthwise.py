@@ -117,8 +117,18 @@ def shift_add_depthwise(model: nn.Module, min_side: int = 0) -> int:
 
 
 def swap_depthwise(
-    model: nn.Module, form: type[Depthwise], min_side: int = 0, pick=is_depthwise
+    model: nn.Module,
+    form: type[Depthwise],
+    min_side: int = 0,
+    pick=is_depthwise,
+    strided_min_side: int | None = None,
 ) -> int:
     """Swap every depthwise nn.Conv2d of `model` (or every one `pick` accepts: is_one_channel)
-    for `form` (a Depthwise) from inputs of `min_side` pixels up; returns how many."""
-    return swap_modules(model, pick, lambda conv: form(conv, min_side))
+    for `form` (a Depthwise) from inputs of `min_side` pixels up (`strided_min_side`, when
+    given, for the layers of stride 2 or more); returns how many."""
+
+    def make(conv: nn.Conv2d) -> Depthwise:
+        strided = strided_min_side is not None and max(conv.stride) > 1
+        return form(conv, strided_min_side if strided else min_side)
+
+    return swap_modules(model, pick, make)
