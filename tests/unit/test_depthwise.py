@@ -8,6 +8,24 @@ from paratrain.models.depthwise import ShiftAddDepthwise, shift_add_depthwise
 from paratrain.models.vision import build_mobilenet_v2
 
 
+def assert_same_as_conv(conv: nn.Conv2d, mine: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """mine(x) against conv(x) in float64: the output, and the gradients of the parameters
+    (the same Parameter objects) and, when x requires one, of the input. -> conv(x)."""
+    x1, x2 = (x.detach().clone().requires_grad_(x.requires_grad) for _ in range(2))
+    ref, out = conv(x1), mine(x2)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-12)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    grads = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    if x.requires_grad:
+        assert torch.allclose(x2.grad, x1.grad, atol=1e-12)
+    for a, p in zip(grads, conv.parameters(), strict=True):
+        assert torch.allclose(p.grad, a, atol=1e-12)
+    return ref.detach()
+
+
 @pytest.mark.parametrize(
     "stride,padding,dilation,bias,side",
     [(1, 1, 1, False, 13), (2, 1, 1, False, 13), (2, 1, 1, True, 12), (1, 2, 2, True, 11)],
@@ -15,19 +33,8 @@ from paratrain.models.vision import build_mobilenet_v2
 def test_same_output_and_gradients_as_conv2d(stride, padding, dilation, bias, side):
     torch.manual_seed(0)
     conv = nn.Conv2d(6, 6, 3, stride, padding, dilation, groups=6, bias=bias).double()
-    mine = ShiftAddDepthwise(conv)
     x = torch.randn(2, 6, side, side, dtype=torch.float64, requires_grad=True)
-    x2 = x.detach().clone().requires_grad_()
-    ref, out = conv(x), mine(x2)
-    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-12)
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    grads = [p.grad.clone() for p in conv.parameters()]
-    conv.zero_grad()
-    out.backward(g)
-    assert torch.allclose(x2.grad, x.grad, atol=1e-12)
-    for a, p in zip(grads, conv.parameters(), strict=True):  # the same Parameter objects
-        assert torch.allclose(p.grad, a, atol=1e-12)
+    assert_same_as_conv(conv, ShiftAddDepthwise(conv), x)
 
 
 def test_autocast_dtype_and_channels_last():
@@ -79,17 +86,8 @@ def test_a_one_channel_stem_as_a_broadcast_depthwise_convolution():
     convolution (groups=1, not the weight's channels)."""
     torch.manual_seed(0)
     conv = nn.Conv2d(1, 5, 3, 2, 1, bias=True).double()
-    mine = ShiftAddDepthwise(conv)
     x = torch.randn(2, 1, 11, 12, dtype=torch.float64)
-    ref, out = conv(x), mine(x)
-    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-12)
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    grads = [p.grad.clone() for p in conv.parameters()]
-    conv.zero_grad()
-    out.backward(g)
-    for a, p in zip(grads, conv.parameters(), strict=True):
-        assert torch.allclose(p.grad, a, atol=1e-12)
+    ref = assert_same_as_conv(conv, ShiftAddDepthwise(conv), x)
     assert torch.allclose(ShiftAddDepthwise(conv, min_side=50)(x), ref, atol=1e-12)
 
 

@@ -19,6 +19,23 @@ import torch, torch.nn.functional as F
 from torch import nn
 from paratrain.models.depthwise_triton import TritonDepthwise, depthwise_conv2d
 
+# TritonDepthwise(conv)(x) against conv(x): the output (channels_last), the parameters'
+# gradients and, when asked, the input's
+def check(conv, x, needs_input_grad=True):
+    x1, x2 = x.clone().requires_grad_(needs_input_grad), x.clone().requires_grad_(needs_input_grad)
+    ref, out = conv(x1), TritonDepthwise(conv)(x2)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [q.grad.clone() for q in conv.parameters()]
+    conv.zero_grad()
+    out.backward(g)
+    if needs_input_grad:
+        assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
+    for a, q in zip(want, conv.parameters(), strict=True):
+        assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
+
 torch.manual_seed(0)
 # (channels, side, kernel, stride, padding, dilation, bias): 3x3 stride 1 and 2 as MobileNetV2's,
 # a 5x5 (cuDNN's weight gradient), a dilated one; 70 channels: two channel blocks, the second
@@ -30,40 +47,13 @@ for c, side, k, s, p, d, bias in [
     (96, 9, 3, 2, 1, 1, False),  # three blocks of 32 channels
 ]:
     conv = nn.Conv2d(c, c, k, s, p, d, groups=c, bias=bias)
-    mine = TritonDepthwise(conv)
-    x = torch.randn(2, c, side, side + 1).contiguous(memory_format=torch.channels_last)
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ref, out = conv(x1), mine(x2)
-    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
-    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    want = [q.grad.clone() for q in conv.parameters()]
-    conv.zero_grad()
-    out.backward(g)
-    assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
-    for a, q in zip(want, conv.parameters(), strict=True):
-        assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
+    check(conv, torch.randn(2, c, side, side + 1).contiguous(memory_format=torch.channels_last))
 
 # one input channel read by every output channel (model.stem_conv=depthwise: a grayscale stem):
 # the weight gradient from the kernels; the input's, when it needs one, cuDNN's; none computed
 # for an input without requires_grad (the images)
 for c, side, s, bias, needs in [(6, 13, 2, False, False), (70, 9, 1, True, True)]:
-    conv = nn.Conv2d(1, c, 3, s, 1, bias=bias)
-    x = torch.randn(2, 1, side, side + 2)
-    x1, x2 = x.clone().requires_grad_(needs), x.clone().requires_grad_(needs)
-    ref, out = conv(x1), TritonDepthwise(conv)(x2)
-    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
-    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    want = [q.grad.clone() for q in conv.parameters()]
-    conv.zero_grad()
-    out.backward(g)
-    if needs:
-        assert torch.allclose(x2.grad, x1.grad, atol=1e-5), (x2.grad - x1.grad).abs().max()
-    for a, q in zip(want, conv.parameters(), strict=True):
-        assert torch.allclose(q.grad, a, atol=1e-4), (q.grad - a).abs().max()
+    check(nn.Conv2d(1, c, 3, s, 1, bias=bias), torch.randn(2, 1, side, side + 2), needs)
 
 # an NCHW input (made channels_last inside); bf16 under autocast: the interpreter rounds
 # fp32 -> bf16 by truncation, not to nearest as GPUs do, so only a bf16-sized tolerance here
