@@ -112,8 +112,8 @@ class Reporter:
         """Every step: the bar's count; at a log point its values sent (send()); the points whose
         values have landed shown and written."""
         run, step, clock = self.run, self.run.state.step, self.measure.clock
-        bar, log = self.bar and step % self.every == 0, self.steplog.enabled
-        log = log and step % self.every == 0
+        due = step % self.every == 0
+        bar, log = self.bar and due, self.steplog.enabled and due
         self.progress.update(step)
         if bar or log:
             done = step - self.epoch_step
