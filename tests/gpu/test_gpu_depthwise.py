@@ -108,7 +108,7 @@ def test_compiled_triton_stem_matches_cudnn_bf16():
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
     # as in training: images without requires_grad, so no input gradient is computed
     conv.weight.grad = layer.weight.grad = None
-    g = torch.randn_like(outs[0])
+    g = torch.randn_like(outs[0]).bfloat16()  # the layers output bf16 under autocast
     for module in (conv, layer):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             module(x).backward(g)
