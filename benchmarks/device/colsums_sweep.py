@@ -21,27 +21,32 @@ from layer_timing import time_ms
 
 from paratrain.models.batchnorm_triton import RELU6, _column_sums, _rows
 
-# (programs per lane block, blocks a turn, wide rows a block, warps a program); 0: the default.
-# Call 21 and 26 timed grids and unrollings at 16 rows and 4 warps; these add taller blocks and
-# 8 warps (more bytes in flight per program: the loop does not overlap one turn's loads with
-# the previous turn's sums)
+# (programs per lane block, blocks a turn, wide rows a block, warps a program, pipeline stages);
+# 0: the default. Calls 21 and 26 timed grids and unrollings at 16 rows, 4 warps, no pipelining;
+# these add taller blocks, 8 warps and Triton's software pipelining of the loop's loads (cp.async
+# into shared memory on sm_90: one turn's bytes in flight while the previous turn's are summed)
 CHOICES = [
-    (0, 0, 0, 0),
-    (264, 4, 0, 0),
-    (1024, 2, 0, 0),
-    (0, 0, 0, 8),
-    (0, 0, 32, 8),
-    (0, 2, 32, 8),
-    (264, 2, 32, 8),
-    (132, 4, 32, 8),
-    (0, 0, 8, 4),
+    (0, 0, 0, 0, 0),
+    (264, 4, 0, 0, 0),
+    (1024, 2, 0, 0, 0),
+    (0, 0, 0, 8, 0),
+    (0, 0, 32, 8, 0),
+    (0, 2, 32, 8, 0),
+    (264, 2, 32, 8, 0),
+    (132, 4, 32, 8, 0),
+    (0, 0, 8, 4, 0),
+    (0, 1, 0, 0, 3),
+    (0, 2, 0, 0, 3),
+    (0, 1, 0, 0, 4),
+    (0, 1, 32, 8, 3),
 ]
 
 
-def label(programs: int, unroll: int, rows: int, warps: int) -> str:
-    if not any((programs, unroll, rows, warps)):
+def label(programs: int, unroll: int, rows: int, warps: int, stages: int) -> str:
+    if not any((programs, unroll, rows, warps, stages)):
         return "default"
-    return f"{programs or 'd'}x{unroll or 'd'}r{rows or 'd'}w{warps or 'd'}"
+    parts = (programs or "d", unroll or "d", rows or "d", warps or "d", stages or "d")
+    return "{}x{}r{}w{}s{}".format(*parts)
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ torch.compile(compiled)(x2).sum().backward()
 assert torch.allclose(x1.grad, x2.grad, atol=1e-5)
 assert torch.allclose(eager[1].running_var, compiled[1].running_var, atol=1e-6)
 # _col_sums' grid and loop choices (colsums_sweep.py times them on a GPU): the same sums with
-# any programs, blocks a turn and block height, a last turn's blocks past the end included
+# any programs, blocks a turn, block height and pipeline stages, a last turn's blocks past the end included
 from paratrain.models.batchnorm_triton import _column_sums, _rows
 for c in (6, 130, 96):
     x = (torch.randn(2, c, 30, 30) + 3).contiguous(memory_format=torch.channels_last)
@@ -82,11 +82,12 @@ for c in (6, 130, 96):
     d = x2 - x2[0]
     want = {False: torch.stack([d.sum(0), (d * d).sum(0)]),
             True: torch.stack([gm.sum(0), (gm * (x2 - mu)).sum(0)])}
-    for programs, unroll, rows in [(4, 1, 0), (3, 2, 0), (2, 3, 0), (5, 4, 0), (1000, 2, 0),
-                                   (3, 2, 32), (2, 1, 8)]:
+    for programs, unroll, rows, stages in [(4, 1, 0, 0), (3, 2, 0, 0), (2, 3, 0, 0),
+                                           (5, 4, 0, 0), (1000, 2, 0, 0), (3, 2, 32, 3),
+                                           (2, 1, 8, 2)]:
         for grad in (False, True):
             got = _column_sums(x2, g2 if grad else None, (w, b, mu, inv) if grad else None,
-                               RELU6, programs, unroll, rows)
+                               RELU6, programs, unroll, rows, 0, stages)
             assert torch.allclose(got, want[grad], rtol=1e-4, atol=1e-2), (c, programs, unroll)
 print("kernels ok")
 """

@@ -61,7 +61,7 @@ if triton is not None:
     def _col_sums(
         x, g, weight, bias, mean, invstd, part, T, C, W, blocks,
         ACT: tl.constexpr, GRAD: tl.constexpr, BLOCK_R: tl.constexpr, LANES: tl.constexpr,
-        BIG: tl.constexpr, UNROLL: tl.constexpr,
+        BIG: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
     ):  # fmt: skip
         """Each program's sums over its row blocks of the wide view (_wide) for lane block
         program_id(1), per lane (the lanes of one channel are added after, in torch), UNROLL
@@ -69,7 +69,9 @@ if triton is not None:
         bytes in flight per thread).
         GRAD=False: sum(x - s), sum((x - s)^2) with s = x's first row (each channel's first
         value). GRAD=True: g's sum and sum(g * (x - mean)), g masked by the activation at
-        z = x * scale + shift (scale and shift from the forward's mean and invstd)."""
+        z = x * scale + shift (scale and shift from the forward's mean and invstd).
+        STAGES > 1: Triton pipelines the loop's loads (through shared memory, cp.async on sm_90),
+        the next turns' bytes in flight while this turn's are summed."""
         lane, ch = _lanes(LANES, tl.program_id(1), C)
         if GRAD:
             s = tl.load(mean + ch)
@@ -80,7 +82,8 @@ if triton is not None:
         # one accumulator element a thread's element: summed across threads once, at the end
         first = tl.zeros([BLOCK_R, LANES], dtype=tl.float32)
         second = tl.zeros([BLOCK_R, LANES], dtype=tl.float32)
-        for turn in range(tl.program_id(0), tl.cdiv(blocks, UNROLL), tl.num_programs(0)):
+        turns = tl.cdiv(blocks, UNROLL)
+        for turn in tl.range(tl.program_id(0), turns, tl.num_programs(0), num_stages=STAGES):
             for u in tl.static_range(UNROLL):
                 r = block_index((turn * UNROLL + u) * BLOCK_R, BLOCK_R, BIG)
                 at = r[:, None] * W + lane[None, :]
@@ -219,15 +222,17 @@ def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> b
 # smaller one on 264 per lane block (6.3 ms a step against 8.4 for 1,024 programs, 1 a turn)
 COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS, COL_SUMS_UNROLL = 528, 264, 4
 COL_SUMS_BIG_BYTES = 10**8
+COL_SUMS_STAGES = 1  # no software pipelining: the sweep's stages > 1 are not measured yet
 
 
 def _column_sums(
-    x2, g2, stats, act: int, programs: int = 0, unroll: int = 0, rows: int = 0, warps: int = 0
+    x2, g2, stats, act: int, programs=0, unroll=0, rows=0, warps=0, stages=0
 ) -> torch.Tensor:
     """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
-    invstd) in the backward, None in the forward. programs / unroll / rows / warps: the grid's
-    programs per lane block, blocks a turn, wide rows a block, warps a program (0: the
-    defaults above; benchmarks/device/colsums_sweep.py times others)."""
+    invstd) in the backward, None in the forward. programs / unroll / rows / warps / stages:
+    the grid's programs per lane block, blocks a turn, wide rows a block, warps a program,
+    the loop's pipeline stages (0: the defaults above; benchmarks/device/colsums_sweep.py
+    times others)."""
     c = x2.shape[1]
     t, w, wide_rows, chunks = _wide(x2)
     block_r = rows or BLOCK_R
@@ -239,7 +244,8 @@ def _column_sums(
     _col_sums[(programs, chunks)](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, t, c, w, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_R=block_r, LANES=LANES,
-        BIG=_big(x2, w, unroll, block_r), UNROLL=unroll, num_warps=warps or 4,
+        BIG=_big(x2, w, unroll, block_r), UNROLL=unroll, STAGES=stages or COL_SUMS_STAGES,
+        num_warps=warps or 4,
     )  # fmt: skip
     # one torch reduction adds the programs' rows and a channel's lanes (9 us a layer on the
     # H200; a loop over the rows in the _finish kernel, one program per 128 channels, took
