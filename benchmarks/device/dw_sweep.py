@@ -29,8 +29,12 @@ LAYERS = [
     (144, 144, 125, 2, 1), (192, 192, 63, 1, 2), (192, 192, 63, 2, 1), (384, 384, 32, 1, 4),
     (576, 576, 32, 1, 2), (576, 576, 32, 2, 1), (960, 960, 16, 1, 3),
 ]  # fmt: skip
-# (TILE, WGRAD_TILE, WARPS): the default first
-CHOICES = [(1024, 512, 4), (2048, 512, 8), (2048, 1024, 8), (1024, 512, 8), (512, 512, 4)]
+# (TILE, WGRAD_TILE, WARPS, WGRAD_STAGES): the default first; stages > 1 pipeline the weight
+# gradient's loop (cp.async on sm_90)
+CHOICES = [
+    (1024, 512, 4, 1), (2048, 512, 8, 1), (2048, 1024, 8, 1), (1024, 512, 8, 1), (512, 512, 4, 1),
+    (1024, 512, 4, 3),
+]  # fmt: skip
 
 
 def kernels(cin: int, cout: int, side: int, stride: int) -> dict[str, float]:
@@ -70,11 +74,11 @@ def main() -> None:
     for cin, cout, side, stride, count in LAYERS:
         row = {"in": cin, "out": cout, "side": side, "stride": stride, "layers": count}
         row["cudnn_ms"] = cudnn_ms(cin, cout, side, stride)
-        for tile, wtile, warps in CHOICES:
-            dt.TILE, dt.WGRAD_TILE, dt.WARPS = tile, wtile, warps
+        for tile, wtile, warps, stages in CHOICES:
+            dt.TILE, dt.WGRAD_TILE, dt.WARPS, dt.WGRAD_STAGES = tile, wtile, warps, stages
             for kernel, ms in kernels(cin, cout, side, stride).items():
-                row[f"{kernel}_{tile}_{wtile}_w{warps}_ms"] = ms
-        dt.TILE, dt.WGRAD_TILE, dt.WARPS = CHOICES[0]
+                row[f"{kernel}_{tile}_{wtile}_w{warps}_s{stages}_ms"] = ms
+        dt.TILE, dt.WGRAD_TILE, dt.WARPS, dt.WGRAD_STAGES = CHOICES[0]
         rows.append(row)
         write(sys.argv[1], rows)  # after every layer: a call cut short keeps what it measured
         best = {}

@@ -142,7 +142,7 @@ if triton is not None:
         sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw,
         SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
         DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BIG: tl.constexpr,
-        ONE: tl.constexpr,
+        ONE: tl.constexpr, STAGES: tl.constexpr,
     ):  # fmt: skip
         """Each program's 10 rows of per-channel sums over its output pixels: the 9 taps'
         weight gradients, then the bias gradient. One accumulator a row, summed over the pixels
@@ -151,7 +151,7 @@ if triton is not None:
         cm = c < C
         z = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         a00, a01, a02, a10, a11, a12, a20, a21, a22, ab = z, z, z, z, z, z, z, z, z, z
-        for blk in range(tl.program_id(0), blocks, tl.num_programs(0)):
+        for blk in tl.range(tl.program_id(0), blocks, tl.num_programs(0), num_stages=STAGES):
             p = block_index(blk * BLOCK_P, BLOCK_P, BIG)
             pm = p < P
             n, ho, wo = _pixel(p, Ho, Wo)
@@ -212,6 +212,7 @@ def _channel_block(c: int) -> int:
 # accumulators of 512 elements ~100 (1,024-element ones: 212). benchmarks/device/dw_sweep.py
 # times other choices kernel by kernel.
 TILE, WGRAD_TILE, WARPS = 1024, 512, 4
+WGRAD_STAGES = 1  # the weight gradient's loop unpipelined (stages > 1: the sweep's, unmeasured)
 
 
 def _blocks(c: int) -> tuple[int, int]:
@@ -352,7 +353,7 @@ def depthwise_conv2d_backward(
     _dw_weight_grad_3x3[(programs, chunks)](
         grad, x, part, n * ho * wo, c, h, w, ho, wo, blocks, *grad.stride(), *x.stride(),
         **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad), ONE=one,
-        num_warps=WARPS,
+        STAGES=WGRAD_STAGES, num_warps=WARPS,
     )  # fmt: skip
     total = part.sum(0).to(_acc(weight))
     # copies: with one channel these would be views of `total`, which a custom op may not return
