@@ -15,11 +15,16 @@ def test_default_space_follows_recipe_and_machine():
     assert gpu["data.resize_on"] == ["cpu", "gpu"]
     assert gpu["precision"] == ["fp16", "bf16"]
     assert gpu["compile"] == ["off", "default", "reduce-overhead"]
-    assert gpu["model.depthwise_conv"] == ["native", "shift-add"]
+    assert gpu["model.depthwise_conv"] == ["native", "shift-add", "triton"]
+    assert gpu["model.stem_conv"] == ["native", "depthwise"]  # after depthwise_conv
+    assert gpu["model.batchnorm"] == ["native", "triton"]
+    names = list(gpu)
+    assert names.index("model.depthwise_conv") < names.index("model.stem_conv")
     assert gpu["strategy"] == ["ddp-ds", "single"]  # one GPU: DDP, or no wrapper at all
     assert gpu["ddp_lean"] == ["off", "on"]
     cpu = {lv.key: lv.values for lv in space.default_space(cfg, gpus=0).levers}
     assert "data.resize_on" not in cpu and "model.depthwise_conv" not in cpu
+    assert "model.batchnorm" not in cpu  # Triton kernels: GPU levers only
     assert cpu["precision"] == ["fp16", "fp32", "bf16"]
     two = {lv.key for lv in space.default_space(cfg, gpus=2).levers}
     assert {"strategy", "ddp.gradient_compression"} <= two

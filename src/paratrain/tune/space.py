@@ -129,8 +129,25 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
         candidates.append(
             (
                 "model.depthwise_conv",
-                ["shift-add"],
-                "depthwise convolutions as compiled shift-adds",
+                ["shift-add", "triton"],
+                "depthwise convolutions as compiled shift-adds or paratrain's Triton kernels",
+            )
+        )
+        # after depthwise_conv: with it native this lever's trial is refused (invalid), and a
+        # model without a one-channel stem (RGB input) refuses it too
+        candidates.append(
+            (
+                "model.stem_conv",
+                ["depthwise"],
+                "a one-channel stem in the depthwise form (issue 34, call 24: 1.04x)",
+            )
+        )
+    if image and not cfg.model.sync_batchnorm:
+        candidates.append(
+            (
+                "model.batchnorm",
+                ["triton"],
+                "BatchNorm + ReLU6 as paratrain's Triton kernels over channels_last tensors",
             )
         )
     if image:
