@@ -197,11 +197,12 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 def _channel_block(c: int) -> int:
     """Channels a program: all of a small layer's (one coalesced row a pixel), 64 at most; where
     blocks of 64 would leave more than a tenth of their lanes masked, the largest power of two
-    (32 or more) dividing C: MobileNetV2's 96-channel 250 px layer as 3 x 32 channels, not
-    64 + 64 with half of the second masked (a quarter of every load and multiply for nothing)."""
+    (DIVIDING_BLOCK or more) dividing C: MobileNetV2's 96-channel 250 px layer as 3 x 32
+    channels, not 64 + 64 with half of the second masked (a quarter of every load and multiply
+    for nothing)."""
     block = min(64, triton.next_power_of_2(c))
     divides = min(64, c & -c)  # the largest power of two dividing c
-    if triton.cdiv(c, block) * block > 1.1 * c and divides >= 32:
+    if triton.cdiv(c, block) * block > 1.1 * c and divides >= DIVIDING_BLOCK:
         block = divides
     return block
 
@@ -213,6 +214,9 @@ def _channel_block(c: int) -> int:
 # times other choices kernel by kernel.
 TILE, WGRAD_TILE, WARPS = 1024, 512, 4
 WGRAD_STAGES = 1  # the weight gradient's loop unpipelined (stages > 1: the sweep's, unmeasured)
+# the smallest channel block that divides C (_channel_block): 32 (64-byte pieces of a pixel's
+# channels); 16 would split 144 channels into 9 x 16 (32-byte pieces), the sweep's to judge
+DIVIDING_BLOCK = 32
 
 
 def _blocks(c: int) -> tuple[int, int]:
