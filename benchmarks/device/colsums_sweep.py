@@ -26,20 +26,10 @@ from paratrain.models.batchnorm_triton import RELU6, _column_sums, _rows
 # these add taller blocks, 8 warps and Triton's software pipelining of the loop's loads (cp.async
 # into shared memory on sm_90: one turn's bytes in flight while the previous turn's are summed)
 CHOICES = [
-    (0, 0, 0, 0, 0),
-    (264, 4, 0, 0, 0),
-    (1024, 2, 0, 0, 0),
-    (0, 0, 0, 8, 0),
-    (0, 0, 32, 8, 0),
-    (0, 2, 32, 8, 0),
-    (264, 2, 32, 8, 0),
-    (132, 4, 32, 8, 0),
-    (0, 0, 8, 4, 0),
-    (0, 1, 0, 0, 3),
-    (0, 2, 0, 0, 3),
-    (0, 1, 0, 0, 4),
-    (0, 1, 32, 8, 3),
-]
+    (0, 0, 0, 0, 0), (264, 4, 0, 0, 0), (1024, 2, 0, 0, 0), (0, 0, 0, 8, 0), (0, 0, 32, 8, 0),
+    (0, 2, 32, 8, 0), (264, 2, 32, 8, 0), (132, 4, 32, 8, 0), (0, 0, 8, 4, 0), (0, 1, 0, 0, 3),
+    (0, 2, 0, 0, 3), (0, 1, 0, 0, 4), (0, 1, 32, 8, 3),
+]  # fmt: skip
 
 
 def label(programs: int, unroll: int, rows: int, warps: int, stages: int) -> str:
