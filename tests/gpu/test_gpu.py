@@ -438,3 +438,25 @@ def test_delayed_fp8_starts_as_torchao_on_the_gpu(compiled):
             torch.testing.assert_close(y0.float(), y1.float(), rtol=0.1, atol=0.1)
     # compiled, steps 2-3 may round differently (call 13: [True, False, False, False])
     assert same[0] and (compiled or same == [True, True, True, False])
+
+
+def test_step_log_points_read_off_the_gpu_match_the_epoch(tmp_path):
+    """The step log's GPU values (the loss, the gradient norm, the token count) arrive through
+    pinned copies read once they have landed (trainer/report.py): every point is written, and
+    their losses average to the epoch's, as tests/unit/test_steplog.py checks on the CPU."""
+    import json
+
+    from conftest import TINY_LM
+
+    from paratrain.config import load_config
+    from paratrain.trainer.loop import train
+
+    out = tmp_path / "run"
+    settings = [*TINY_LM, "device=cuda", "lora.enabled=false", "train.max_steps=6"]
+    result = train(load_config(None, [*settings, "log.every_steps=2", f"output_dir={out}"]))
+    points = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points] == [2, 4, 6]
+    for p in points:
+        assert p["loss"] > 0 and p["grad_norm"] > 0 and p["tokens_per_s"] > 0
+    mean = sum(p["loss"] for p in points) / 3
+    assert mean == pytest.approx(result["epochs"][0]["train_loss"], rel=1e-6)
