@@ -23,7 +23,9 @@
 # machine, the runs' and torchtitan's logs): at most 8 files come back from a call.
 # Wheels the machine lacks are carried: .whl/*.whl (pydantic, torchao, liger...) and .whl/tt/
 # (torchtitan 0.2.2 and what it imports: torchdata, tyro, tomli, einops).
-# TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back).
+# TESTS="<pytest -k expression>" runs those GPU tests first (gpu_tests.txt back, each test's
+# name and outcome listed: -rA), from TESTS_PATH (default tests/gpu: the expression applies to
+# every file there), within TESTS_TIMEOUT seconds (240).
 #   device run (kind nvidia-h200, carry .whl .commit):  MODE=full bash benchmarks/device/issue34.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -39,7 +41,7 @@ for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kerne
 PY
 echo "commit $PARATRAIN_COMMIT"; } > /tmp/machine.txt 2>&1; cat /tmp/machine.txt
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
-  timeout 240 python3 -m pytest -q -m gpu tests/gpu -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
+  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -rA -m gpu ${TESTS_PATH:-tests/gpu} -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
 for mode in ${MODE:-full}; do  # MODE="lora profile": both, in this order
   DB=/tmp/results_$mode.db  # one per mode: rows_<mode>.md compares a mode's rows only
