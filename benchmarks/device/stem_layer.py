@@ -3,7 +3,9 @@ channels_last): a 3x3 stride-2 convolution from 1 channel to 32, timed alone in 
 (forward + weight gradient; the input needs no gradient). The 2026-12-03 profile of the
 fastest row has a cuDNN layout conversion (nchwToNhwcKernel, 0.67 ms a step) and a generic
 float-accumulating NHWC kernel (0.47 ms) that look like this layer's: this says what it costs
-as cuDNN runs it, compiled, and as 9 shifted multiply-adds that inductor fuses.
+as cuDNN runs it, compiled, and in the model's two forms of model.stem_conv=depthwise: 9
+shifted multiply-adds that inductor fuses (models/depthwise.py) and paratrain's Triton kernels
+(models/depthwise_triton.py).
 
     python benchmarks/device/stem_layer.py OUT.json   (on a GPU; prints a table too)
 """
@@ -15,34 +17,13 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 from layer_timing import fwd_bwd, time_ms
 from torch import nn
 
+from paratrain.models.depthwise import ShiftAddDepthwise
+from paratrain.models.depthwise_triton import TritonDepthwise
+
 BATCH, SIDE, ITERS = 64, 500, 20
-
-
-class ShiftAddStem(nn.Module):
-    """The same convolution (its weight) as 9 strided slices of the padded input times each
-    tap's 32 weights, summed: one pointwise kernel for inductor."""
-
-    def __init__(self, conv: nn.Conv2d):
-        super().__init__()
-        self.conv = conv
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        (sh, sw), (ph, pw), (kh, kw) = self.conv.stride, self.conv.padding, self.conv.kernel_size
-        ho = (x.shape[-2] + 2 * ph - kh) // sh + 1
-        wo = (x.shape[-1] + 2 * pw - kw) // sw + 1
-        xp = F.pad(x, (pw, pw, ph, ph))
-        w = self.conv.weight.to(x.dtype)
-        out = None
-        for i in range(kh):
-            for j in range(kw):
-                tap = xp[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
-                term = tap * w[:, 0, i, j].view(1, -1, 1, 1)
-                out = term if out is None else out + term
-        return out.contiguous(memory_format=torch.channels_last)
 
 
 def main() -> None:
@@ -56,7 +37,9 @@ def main() -> None:
         "cudnn_nhwc": nhwc,
         "cudnn_nchw": copy.deepcopy(conv),
         "compiled": torch.compile(copy.deepcopy(nhwc), dynamic=False),
-        "shift_add_compiled": torch.compile(ShiftAddStem(copy.deepcopy(conv)), dynamic=False),
+        # the model's own forms of a one-channel stem (model.stem_conv=depthwise)
+        "shift_add_compiled": torch.compile(ShiftAddDepthwise(copy.deepcopy(conv)), dynamic=False),
+        "triton": TritonDepthwise(copy.deepcopy(nhwc)),
     }
     with torch.autocast("cuda", dtype=torch.bfloat16):
         ref = conv(x)

@@ -316,14 +316,13 @@ def depthwise_conv2d_backward(
     the input gradient is an empty tensor, not computed."""
     n, c, h, w, kh, kw, ho, wo = _shape(x, weight, stride, padding, dilation)
     groups, one = x.shape[1], _one(x, weight)
-    k = weight.to(x.dtype)
     if not uses_triton(x):
-        g = grad.to(x.dtype)
+        k, g = weight.to(x.dtype), grad.to(x.dtype)
         dx = x.new_empty(0)
         if input_grad:
             dx = torch.nn.grad.conv2d_input(x.shape, k, g, stride, padding, dilation, groups)
             dx = _channels_last(dx)
-        dw = torch.nn.grad.conv2d_weight(x, k.shape, g, stride, padding, dilation, groups)
+        dw = torch.nn.grad.conv2d_weight(x, weight.shape, g, stride, padding, dilation, groups)
         return dx, dw.to(_acc(weight)).contiguous(), g.to(_acc(weight)).sum((0, 2, 3))
     x, grad = _channels_last(x), _channels_last(grad.to(x.dtype))
     block_p, block_c = _blocks(c)
@@ -331,6 +330,7 @@ def depthwise_conv2d_backward(
     sh, sw = stride
     dx = x.new_empty(0)
     if input_grad and one:  # the sum over the output channels: cuDNN's (not a stem's need)
+        k = weight.to(x.dtype)
         dx = torch.nn.grad.conv2d_input(x.shape, k, grad, stride, padding, dilation, 1)
         dx = _channels_last(dx)
     elif input_grad:
@@ -343,7 +343,7 @@ def depthwise_conv2d_backward(
             **geometry, BLOCK_P=block_p, BLOCK_C=block_c, BIG=big(x, grad), num_warps=WARPS,
         )  # fmt: skip
     if (kh, kw) != (3, 3):  # the weight gradient's kernel is written for 3x3: cuDNN's here
-        dw = torch.nn.grad.conv2d_weight(x, k.shape, grad, stride, padding, dilation, groups)
+        dw = torch.nn.grad.conv2d_weight(x, weight.shape, grad, stride, padding, dilation, groups)
         return dx, dw.to(_acc(weight)), grad.to(_acc(weight)).sum((0, 2, 3))
     block_c = _channel_block(c)
     block_p = max(1, WGRAD_TILE // block_c)
