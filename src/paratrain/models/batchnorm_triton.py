@@ -216,13 +216,17 @@ def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> b
     return big(x2) or x2.numel() + (unroll + 1) * block_r * w >= 2**31
 
 
-# _col_sums' grid and loop, as measured on the H200 (2026-12-03, call 21: colsums_sweep.py over
-# every MobileNetV2 layer, 8 choices): 4 blocks a turn; a layer of 100 MB or more on 528 programs
-# in all (the grid resident at once: 2 x 528 programs of 2 channel blocks ran in two waves), a
-# smaller one on 264 per lane block (6.3 ms a step against 8.4 for 1,024 programs, 1 a turn)
-COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS, COL_SUMS_UNROLL = 528, 264, 4
-COL_SUMS_BIG_BYTES = 10**8
-COL_SUMS_STAGES = 1  # no software pipelining: the sweep's stages > 1 are not measured yet
+# _col_sums' grid and loop, as measured on the H200 (2026-12-03, calls 21, 26 and issue 34's
+# call 29: colsums_sweep.py over every MobileNetV2 layer, 13 choices, kernel time a step 6.06 ms
+# at call 26's rule, 5.31 at this one, 5.05 at each layer's best). A layer of COL_SUMS_PIPELINED_
+# BYTES or more: 2 blocks a turn, Triton pipelining the loop's loads 3 stages deep, on 528
+# programs in all from COL_SUMS_BIG_BYTES up (the grid resident at once) and 264 per lane block
+# below. A smaller one: 132 programs per lane block of 8 warps, blocks of 32 wide rows, 4 a turn
+# (fewer, fuller programs: the pipelined choice read its 8-75 MB at 0.3-1.2 TB/s, this one 0.4-2.3).
+COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS = 528, 264
+COL_SUMS_BIG_BYTES, COL_SUMS_PIPELINED_BYTES = 10**8, 4 * 10**7
+COL_SUMS_PIPELINED = (2, BLOCK_R, 4, 3)  # (blocks a turn, wide rows a block, warps, stages)
+COL_SUMS_SMALL = (132, 4, 32, 8, 1)  # (programs per lane block, then as above)
 
 
 def _column_sums(
@@ -231,21 +235,21 @@ def _column_sums(
     """-> [2, C] fp32: the two sums of _col_sums over all rows; stats = (weight, bias, mean,
     invstd) in the backward, None in the forward. programs / unroll / rows / warps / stages:
     the grid's programs per lane block, blocks a turn, wide rows a block, warps a program,
-    the loop's pipeline stages (0: the defaults above; benchmarks/device/colsums_sweep.py
+    the loop's pipeline stages (0: _col_sums_choice's; benchmarks/device/colsums_sweep.py
     times others)."""
     c = x2.shape[1]
     t, w, wide_rows, chunks = _wide(x2)
-    block_r = rows or BLOCK_R
+    rule = _col_sums_choice(x2, chunks)
+    most, unroll, block_r, warps, stages = (
+        given or default for given, default in zip((programs, unroll, rows, warps, stages), rule)
+    )
     blocks = triton.cdiv(wide_rows, block_r)
-    unroll = unroll or COL_SUMS_UNROLL
-    most = programs or _col_sums_programs(x2, chunks)
     programs = min(triton.cdiv(blocks, unroll), most)
     part = torch.empty((programs, 2, w), dtype=torch.float32, device=x2.device)
     _col_sums[(programs, chunks)](
         x2, x2 if g2 is None else g2, *(stats or (x2,) * 4), part, t, c, w, blocks,
         ACT=act, GRAD=g2 is not None, BLOCK_R=block_r, LANES=LANES,
-        BIG=_big(x2, w, unroll, block_r), UNROLL=unroll, STAGES=stages or COL_SUMS_STAGES,
-        num_warps=warps or 4,
+        BIG=_big(x2, w, unroll, block_r), UNROLL=unroll, STAGES=stages, num_warps=warps,
     )  # fmt: skip
     # one torch reduction adds the programs' rows and a channel's lanes (9 us a layer on the
     # H200; a loop over the rows in the _finish kernel, one program per 128 channels, took
@@ -253,15 +257,20 @@ def _column_sums(
     return part.view(programs, 2, w // c, c).sum((0, 2))
 
 
-def _col_sums_programs(x2: torch.Tensor, chunks: int) -> int:
-    """Programs per lane block (COL_SUMS_* above), 4,096 at most in all: a C with few factors of
-    2 has many lane blocks (C = 1001: 1,001), and each program's partial row is W floats; 4 in
-    Triton's CPU interpreter."""
-    if not x2.is_cuda:
-        return 4
-    if x2.numel() * x2.element_size() >= COL_SUMS_BIG_BYTES:
-        return max(1, COL_SUMS_PROGRAMS // chunks)
-    return max(1, min(COL_SUMS_SMALL_PROGRAMS, 4096 // chunks))
+def _col_sums_choice(x2: torch.Tensor, chunks: int) -> tuple[int, int, int, int, int]:
+    """(programs per lane block, blocks a turn, wide rows a block, warps, stages) by x2's size
+    (COL_SUMS_* above); programs 4,096 at most in all (a C with few factors of 2 has many lane
+    blocks, C = 1001: 1,001, and each program's partial row is W floats), 4 in Triton's CPU
+    interpreter (which runs the same loop shapes)."""
+    nbytes = x2.numel() * x2.element_size()
+    if nbytes < COL_SUMS_PIPELINED_BYTES:
+        programs, *rest = COL_SUMS_SMALL
+    else:
+        big = nbytes >= COL_SUMS_BIG_BYTES
+        programs = COL_SUMS_PROGRAMS // chunks if big else COL_SUMS_SMALL_PROGRAMS
+        rest = COL_SUMS_PIPELINED
+    most = max(1, min(programs, 4096 // chunks)) if x2.is_cuda else 4
+    return (most, *rest)
 
 
 def _finish_grid(c: int) -> tuple[tuple[int], int]:
