@@ -281,6 +281,16 @@ def test_grid_and_set_from_the_command_line_reshape_a_sweep():
     nprocs = lambda s, label: sorted(r.params["launch.nproc"] for r in s.runs if r.label == label)  # noqa: E731
     assert nprocs(wide, "plain PyTorch (seed style)") == [1, 2, 4]
     assert nprocs(wide, "speed of light") == [1]  # a variant's own grid stays
+    # an axis a variant's own grid does not name reaches it too
+    workers = load_sweep(RECIPES / "bench" / "speed.yaml", axes=["data.num_workers=4,8"])
+    for label in ("plain PyTorch (seed style)", "speed of light"):
+        points = sorted(
+            (r.params["launch.nproc"], r.config.data.num_workers)
+            for r in workers.runs
+            if r.label == label
+        )
+        want = [(1, 4), (1, 8)] + ([(2, 4), (2, 8)] if label.startswith("plain") else [])
+        assert points == want, label
     assert all(r.config.train.max_steps == 7 for r in wide.runs)
     # the 1- and 2-GPU runs keep their keys only when nothing else changed
     same = load_sweep(RECIPES / "bench" / "speed.yaml", axes=["launch.nproc=1,2,4"])

@@ -181,13 +181,14 @@ def _apply_cli(
     for text in axes or []:
         key, values = parse_axis(text)
         spec["grid"] = {**(spec.get("grid") or {}), key: values}
+        spec.setdefault("cli_grid", {})[key] = values
     if sets:
         spec["cli_set"] = list(sets)
 
 
 def _check_keys(spec: dict[str, Any]) -> None:
     """A key the sweep does not know is refused: a typo would otherwise be silently ignored."""
-    unknown = set(spec) - _KEYS - {"cli_set"}
+    unknown = set(spec) - _KEYS - {"cli_set", "cli_grid"}
     if unknown:
         raise ConfigError(
             f"sweep: unknown key {sorted(unknown)[0]}; accepted: {', '.join(sorted(_KEYS))}"
@@ -225,12 +226,16 @@ def _variant_runs(
     *,
     name: str,
     sweep_grid: Any,
+    cli_grid: dict[str, list] | None = None,
     recipe_path: Path | None,
     common: list[str],
     repeats: int,
 ) -> list[RunSpec]:
     """One variant crossed with its grid (its own, else the sweep's), each point `repeats`
-    times."""
+    times. An axis from the command line (`cli_grid`) that a variant's own grid does not name is
+    crossed with that grid too: `--grid data.num_workers=4,8` reaches every row, while the
+    single-GPU rows keep their own launch.nproc (call 31 of issue 34 asked for the first and
+    got one row of a single-GPU variant)."""
     program = variant.get("program", "paratrain")
     own_timeout = variant.get("timeout_s")
     if program not in PROGRAMS:
@@ -240,6 +245,8 @@ def _variant_runs(
     label = str(variant.get("label", program))
     extra = _as_overrides(variant.get("set"), f"sweep.variants[{i}].set")
     grid = variant.get("grid", sweep_grid)
+    if "grid" in variant and isinstance(grid, dict) and cli_grid:
+        grid = {**{k: v for k, v in cli_grid.items() if k not in grid}, **grid}
     where = f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
     runs = []
     for point in _grid_points(grid, where):
@@ -264,7 +271,8 @@ def load_sweep(
     only: list[str] | None = None,
 ) -> Sweep:
     """`sets` ('key=value') join the sweep's common `set:`; `axes` ('key=v1,v2') replace or add
-    axes of its top-level grid (a variant's own grid, like the single-GPU speed of light, stays):
+    axes of its top-level grid (a variant's own grid, like the single-GPU speed of light, keeps
+    the axes it names and is crossed with the others):
     the same sweep file then serves a machine with more GPUs. `repeats` replaces the sweep's;
     `only` keeps the variants whose label contains one of its texts. A run's key does not depend
     on either, so repeating one configuration later adds runs beside the stored ones."""
@@ -284,6 +292,7 @@ def load_sweep(
             variant,
             name=name,
             sweep_grid=spec.get("grid"),
+            cli_grid=spec.get("cli_grid"),
             recipe_path=recipe_path,
             common=common,
             repeats=repeats,

@@ -25,7 +25,8 @@ def add(sub) -> None:
         action="append",
         default=[],
         metavar="KEY=V1,V2",
-        help="replace or add an axis of the sweep's grid, e.g. launch.nproc=1,2,4 (repeatable)",
+        help="replace or add an axis of the sweep's grid, e.g. launch.nproc=1,2,4 (repeatable; a "
+        "variant with a grid of its own keeps the axes it names and takes the others)",
     )
     bench.add_argument("--repeats", type=int, help="runs per configuration (replaces the sweep's)")
     bench.add_argument(
