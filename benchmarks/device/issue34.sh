@@ -41,7 +41,7 @@ for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kerne
 PY
 echo "commit $PARATRAIN_COMMIT"; } > /tmp/machine.txt 2>&1; cat /tmp/machine.txt
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
-  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -rA -m gpu ${TESTS_PATH:-tests/gpu} -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
+  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -rA --show-capture=no -m gpu ${TESTS_PATH:-tests/gpu} -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi
 for mode in ${MODE:-full}; do  # MODE="lora profile": both, in this order
   DB=/tmp/results_$mode.db  # one per mode: rows_<mode>.md compares a mode's rows only

@@ -241,7 +241,8 @@ def _column_sums(
     t, w, wide_rows, chunks = _wide(x2)
     rule = _col_sums_choice(x2, chunks)
     most, unroll, block_r, warps, stages = (
-        given or default for given, default in zip((programs, unroll, rows, warps, stages), rule)
+        given or default
+        for given, default in zip((programs, unroll, rows, warps, stages), rule, strict=True)
     )
     blocks = triton.cdiv(wide_rows, block_r)
     programs = min(triton.cdiv(blocks, unroll), most)
