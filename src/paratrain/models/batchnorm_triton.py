@@ -222,7 +222,8 @@ def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> b
 # BYTES or more: 2 blocks a turn, Triton pipelining the loop's loads 3 stages deep, on 528
 # programs in all from COL_SUMS_BIG_BYTES up (the grid resident at once) and 264 per lane block
 # below. A smaller one: 132 programs per lane block of 8 warps, blocks of 32 wide rows, 4 a turn
-# (fewer, fuller programs: the pipelined choice read its 8-75 MB at 0.3-1.2 TB/s, this one 0.4-2.3).
+# (fewer, fuller programs: on those layers' 5-75 MB the pipelined choice read 0.2-1.4 TB/s,
+# this one 0.4-1.5).
 COL_SUMS_PROGRAMS, COL_SUMS_SMALL_PROGRAMS = 528, 264
 COL_SUMS_BIG_BYTES, COL_SUMS_PIPELINED_BYTES = 10**8, 4 * 10**7
 COL_SUMS_PIPELINED = (2, BLOCK_R, 4, 3)  # (blocks a turn, wide rows a block, warps, stages)
