@@ -64,7 +64,8 @@ class ModelConfig:
     """With depthwise_conv=shift-add or triton: the smallest input side (pixels) that takes the
     swapped form for the layers of stride 2 or more; null: shift_add_min_side. On H200 (issue
     34, call 21) paratrain's Triton kernels beat cuDNN's at stride 2 at every size MobileNetV2
-    has (144 channels at 125 px: 0.91 against 1.00 ms), but not at stride 1 below 200 px."""
+    has (144 channels at 125 px: 0.91 against 1.00 ms), but not at stride 1 below 200 px; set to 0
+    beside Triton everywhere else, the whole MobileNetV2 step ran 1.01x (calls 27-28)."""
     stem_conv: Literal["native", "depthwise"] = "native"
     """Image model with depthwise_conv shift-add or triton: a convolution from one input channel
     (the stem on grayscale images: MobileNetV2's 1 -> 32 on MNIST) in that form too, from
