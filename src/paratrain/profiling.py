@@ -4,8 +4,9 @@ The profiled steps are left out of the throughput measurement (profiling slows t
 starts after them. Rank 0 writes to <output_dir>:
 - profile.txt: the wall time per step; on GPUs the kernel time per step, how busy that kept the
   GPU, and the kernel time by kind (cuDNN convolutions, Triton kernels inductor generated, eager
-  ATen kernels, matmuls, optimizer, copies); then the operator table (by self device time on
-  GPUs, self CPU time on the CPU);
+  ATen kernels, matmuls, optimizer, copies) and where the host waited for the GPU in those
+  steps (syncs.py: torch's sync debug mode, by the line that synced); then the operator table
+  (by self device time on GPUs, self CPU time on the CPU);
 - trace.json.gz: the timeline, for chrome://tracing or ui.perfetto.dev.
 result.json keeps the top operators per step.
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+from paratrain.syncs import SyncSites
 
 TOP = 15
 
@@ -254,6 +257,7 @@ class StepProfiler:
         self._prof: profile | None = None
         self.summary: list[dict] | None = None
         self.phases: dict | None = None
+        self.syncs = SyncSites(device.type == "cuda")  # where the host waited, in those steps
 
     def start(self) -> None:
         if self.steps <= 0 or self._prof is not None:
@@ -264,6 +268,7 @@ class StepProfiler:
         self._prof = profile(activities=activities)
         self._prof.__enter__()
         self._sync()
+        self.syncs.start()
         self._t0 = time.perf_counter()
 
     def _sync(self) -> None:
@@ -273,6 +278,7 @@ class StepProfiler:
     def stop(self) -> None:
         if self._prof is None:
             return
+        self.syncs.stop()  # before the profiler's own sync
         self._sync()
         wall_ms = (time.perf_counter() - self._t0) * 1000.0 / self.steps
         self._prof.__exit__(None, None, None)
@@ -296,6 +302,7 @@ class StepProfiler:
             head = f"torch.profiler over {self.steps} steps after warm-up\n\n"
             head += f"wall time per step: {wall_ms:.2f} ms (profiler running)\n"
             head += phases_text(self.phases)
+            head += self.syncs.text(self.steps)
             phases_plot(self.phases, self.out_dir / "phases.png")
             if gpu:
                 head += kernel_breakdown(averages, wall_ms, self.steps)

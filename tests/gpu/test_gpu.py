@@ -460,3 +460,23 @@ def test_step_log_points_read_off_the_gpu_match_the_epoch(tmp_path):
         assert p["loss"] > 0 and p["grad_norm"] > 0 and p["tokens_per_s"] > 0
     mean = sum(p["loss"] for p in points) / 3
     assert mean == pytest.approx(result["epochs"][0]["train_loss"], rel=1e-6)
+
+
+def test_the_profiled_steps_list_the_hosts_syncs_and_a_log_point_makes_none(tmp_path):
+    """profile.txt lists where the host waited for the GPU in the profiled steps (syncs.py);
+    with the device's NaN verdict (fused AdamW) and a step-log point every step, none of them
+    is the step log's: a point reads the host's clock (TrainClock.queued), not the device's."""
+    from conftest import TINY_LM
+
+    from paratrain.config import load_config
+    from paratrain.trainer.loop import train
+
+    out = tmp_path / "run"
+    settings = [*TINY_LM, "device=cuda", "lora.enabled=false", "train.max_steps=8"]
+    settings += ["train.fused_optimizer=true", "train.profile_steps=3", "log.every_steps=1"]
+    train(load_config(None, [*settings, f"output_dir={out}"]))
+    text = (out / "profile.txt").read_text()
+    section = text.split("host syncs (the host waiting for the GPU) per step:")[1]
+    section = section.split("operators by")[0]
+    print(section)
+    assert "report.py" not in section and "metrics.py" not in section

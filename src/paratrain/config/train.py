@@ -144,8 +144,9 @@ class LogConfig:
     """Rank 0 shows a progress bar with throughput and ETA."""
     every_steps: int | None = None
     """Refresh the loss shown on the bar, and write a point of the step log, every N steps
-    (each point syncs rank 0's device once); null: often enough for about 20 points a run,
-    at most every 10 steps (so a short run still has a loss curve)."""
+    (a point does not wait for the device: its values are read once their copies land);
+    null: often enough for about 20 points a run, at most every 10 steps (so a short run
+    still has a loss curve)."""
     steps: bool = True
     """The step log: <output_dir>/steps.jsonl (loss, lr, gradient norm, throughput, memory,
     loss scale every every_steps)."""

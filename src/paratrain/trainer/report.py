@@ -6,8 +6,9 @@ copied to pinned host memory without waiting and read once the copies have lande
 two later; nothing here waits for the GPU until an epoch ends or the log closes. Reading them
 with .item() at the point waited for every queued kernel: the GPU then sat idle while the host
 launched the next step (MobileNetV2 at 500 px on one H200, 2026-12-03 profile: ~3 ms idle at
-each point, a point every 3 steps of 27 ms). A point's step, time and learning rate are the
-host's when the step was queued."""
+each point, a point every 3 steps of 27 ms); so did the training clock's reading there, until
+the point took the host's clock (TrainClock.queued). A point's step, time and learning rate
+are the host's when the step was queued."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ class Reporter:
         self.progress.update(step)
         if bar or log:
             done = step - self.epoch_step
-            elapsed = clock.elapsed()
+            elapsed = clock.queued()  # no sync: the host's time as it queued the step
             values = {"loss_sum": loss_sum if self.has_loss else None}
             if log:
                 values["units"] = self.measure.meter.tokens if self.lm else self.trained_units()
