@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The wheels the GPU machine lacks (Python 3.12 there, nothing reachable), into the git-ignored
+# .whl/ that device calls carry: paratrain's own dependencies missing there (pydantic and its
+# parts, mlxtend), torchao and liger-kernel, and in .whl/tt/ torchtitan 0.2.2 with what it
+# imports (torchdata, tyro < 1, tomli ...). A new checkout has no .whl/: run this first.
+#   bash benchmarks/device/wheels.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+mkdir -p .whl/tt
+get .whl "pydantic>=2.7" pydantic-core annotated-types typing-inspection typing_extensions \
+  mlxtend torchao==0.18.0 liger-kernel==0.8.5
+get .whl/tt torchtitan==0.2.2 torchdata "tyro<1" tomli docstring-parser typeguard shtab
+ls .whl .whl/tt
