@@ -169,28 +169,6 @@ def test_float8_batches_are_padded_to_a_multiple_of_16():
     assert batch["labels"][:, 3:].eq(-100).all() and batch["attention_mask"].sum().item() == 4
 
 
-def test_a_batch_without_padding_has_no_mask_and_the_same_logits():
-    """Rows that fill the width need no attention mask (None: plain causal attention), which
-    spares transformers' host-side check that a mask is all ones; a padded batch keeps its mask."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    collate = lmdata.Collate(0, packed=False)
-    full = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7, 8], [5, 6, 7, 8])])
-    assert "attention_mask" not in full and full["num_tokens"].item() == 8
-    padded = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6], [5, 6])])
-    assert padded["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, attn_implementation="sdpa",
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        none = model(input_ids=full["input_ids"]).logits
-        ones = model(input_ids=full["input_ids"], attention_mask=torch.ones(2, 4)).logits
-    torch.testing.assert_close(none, ones, rtol=0, atol=0)
-
-
 def test_plain_text_paragraphs_cut_into_rows_nothing_dropped(tmp_path):
     from paratrain.lm.tokenizer import load_tokenizer
 

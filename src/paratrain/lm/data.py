@@ -203,11 +203,9 @@ class Collate:
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, : len(lab)] = torch.tensor(lab)
             mask[row, : len(ids)] = 1
-        out = {"input_ids": input_ids, "labels": labels, "num_tokens": mask.sum()}
-        # A batch without padding goes without a mask: the attention is causal either way, and
-        # transformers' test of a given mask for all ones (sdpa's _ignore_causal_mask_sdpa, a
-        # .all() read on the host) made every forward wait for the GPU's queue to drain (8B
-        # LoRA on one H200, 2026-12-03 profile: the step's one host sync)
-        if any(len(ids) < width for ids, _ in batch):
-            out["attention_mask"] = mask
-        return out
+        return {
+            "input_ids": input_ids,
+            "labels": labels,
+            "attention_mask": mask,
+            "num_tokens": mask.sum(),
+        }
