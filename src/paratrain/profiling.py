@@ -312,6 +312,16 @@ class StepProfiler:
             self._save_trace()
         self._prof = None
 
+    def discard(self) -> None:
+        """A run that failed inside its profiled steps: the profiler closed and the sync
+        recorder's switches (torch's sync debug mode, torch.cuda.synchronize) put back, so a
+        process that goes on (paratrain.train in a notebook) is left as it was; nothing
+        written."""
+        self.syncs.stop()
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            prof.__exit__(None, None, None)
+
     def _save_trace(self) -> None:
         plain = self.out_dir / "trace.json"
         self._prof.export_chrome_trace(str(plain))

@@ -60,3 +60,22 @@ def test_without_cuda_nothing_is_recorded_or_listed():
     sites.start()
     sites.stop()
     assert sites.text(steps=3) == ""
+
+
+def test_a_run_that_fails_while_profiled_leaves_torch_as_it_was(tmp_path, monkeypatch):
+    """StepProfiler.discard (Trainer.fit's finally): the profiler closed, torch.cuda.synchronize
+    and the sync debug mode put back, nothing written."""
+    from paratrain.profiling import StepProfiler
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    original = torch.cuda.synchronize
+    profiler = StepProfiler(torch.device("cpu"), 3, tmp_path, is_main=True)
+    profiler.syncs = syncs.SyncSites(cuda=True)  # as on a GPU
+    profiler.start()
+    assert torch.cuda.synchronize is not original and modes == ["warn"]
+    profiler.discard()
+    assert torch.cuda.synchronize is original and modes == ["warn", "default"]
+    assert profiler._prof is None and not (tmp_path / "profile.txt").exists()
+    profiler.discard()  # a second time (or never started): nothing to do
+    assert modes == ["warn", "default"]

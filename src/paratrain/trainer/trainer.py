@@ -67,6 +67,7 @@ class Trainer:
                 epochs.append(self.epoch())
             return self.finish(epochs, began)
         finally:
+            self.measure.profiler.discard()  # still open only if the run failed inside it
             self.report.salvage()  # a failed run's last points (the steps before a divergence)
             self.watchdog.stop()
             self.interrupts.close()
