@@ -302,10 +302,10 @@ class StepProfiler:
             head = f"torch.profiler over {self.steps} steps after warm-up\n\n"
             head += f"wall time per step: {wall_ms:.2f} ms (profiler running)\n"
             head += phases_text(self.phases)
-            head += self.syncs.text(self.steps)
             phases_plot(self.phases, self.out_dir / "phases.png")
             if gpu:
                 head += kernel_breakdown(averages, wall_ms, self.steps)
+            head += self.syncs.text(self.steps)
             clock = "self device (GPU) time" if gpu else "self CPU time"
             table = averages.table(sort_by=key, row_limit=40)
             (self.out_dir / "profile.txt").write_text(f"{head}\noperators by {clock}:\n{table}")
