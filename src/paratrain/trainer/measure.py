@@ -56,8 +56,9 @@ class TrainClock:
         self.total -= seconds
 
     def elapsed(self) -> float:
-        running = metrics.now(self.device) - self.started if self.started is not None else 0.0
-        return self.total + running
+        """Seconds trained so far, the device's queued work included (waits for it)."""
+        metrics.sync(self.device)
+        return self.queued()
 
     def queued(self) -> float:
         """elapsed() by the host's clock alone, without waiting for the device: when the work
