@@ -117,6 +117,7 @@ lora)
     "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 delayed=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 delayed + float8 lm_head=transformers + peft" \
+    "paratrain compiled + fused AdamW + CUDA graphs, fp8 delayed + float8 lm_head=transformers + peft" \
     "paratrain compiled + fused AdamW, fp8 delayed + float8 lm_head + coordinate descent=transformers + peft" \
     "paratrain compiled max-autotune + fused AdamW, fp8 delayed + float8 lm_head=transformers + peft" \
     "paratrain compiled max-autotune + fused AdamW, bf16=transformers + peft" \
