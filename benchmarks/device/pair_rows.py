@@ -42,7 +42,8 @@ def main() -> None:
             f"{m['train_loss']:.4f} | {ratio} |"
         )
     for a, b in pairs:  # loss curves on the same steps (bench's `curve`: interval means)
-        if a not in rows or b not in rows:
+        # a row that timed out or failed has no summary to compare (call 42: a timeout)
+        if any(r not in rows or rows[r][0] != "ok" or not rows[r][3] for r in (a, b)):
             continue
         ca = dict(map(tuple, rows[a][3].get("curve") or []))
         cb = dict(map(tuple, rows[b][3].get("curve") or []))
