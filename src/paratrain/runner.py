@@ -103,8 +103,27 @@ def worker_imports(plan: RunPlan) -> tuple[str, ...]:
         return ()
     if switch != "1" and plan.device == "cuda":
         return ()
-    task = {"causal_lm": ("transformers", "peft"), "custom": ()}.get(plan.task, ("torchvision",))
-    return ("paratrain.worker", "paratrain.trainer.trainer", *task)
+    # torch's compiler config (dynamo and inductor, ~1.2 s of CPU): every worker reads it,
+    # through DDP's optimize_ddp switch or the compile options' check, compiled or not.
+    compiler = ("torch._inductor.config",)
+    return ("paratrain.worker", "paratrain.trainer.trainer", *compiler, *_library_imports(plan))
+
+
+# Models and data sources built with torchvision; the tiny CNN on mnist-sample or synthetic
+# images needs none of it, and its import (~1.5 s of CPU) is most of such a short run's start.
+_TORCHVISION_MODELS = ("mobilenet_v2", "resnet50")
+_TORCHVISION_SOURCES = ("mnist", "imagefolder")
+
+
+def _library_imports(plan: RunPlan) -> tuple[str, ...]:
+    """The third-party libraries this run's task, model and data import (none for custom)."""
+    cfg = plan.config
+    if plan.task == "custom":
+        return ()
+    if plan.task in ("causal_lm", "masked_lm", "text_classification"):
+        return ("transformers", "peft") if plan.task == "causal_lm" else ("transformers",)
+    vision = plan.task == "gan" or cfg.model.name in _TORCHVISION_MODELS
+    return ("torchvision",) if vision or cfg.data.source in _TORCHVISION_SOURCES else ()
 
 
 def with_output_dir(plan: RunPlan) -> RunPlan:

@@ -52,19 +52,22 @@ DDP_SETTINGS = [
 
 
 @pytest.mark.parametrize(
-    ("strategy", "settings"), [("ddp-ds", []), ("ddp-rr", DDP_SETTINGS)], ids=["ddp-ds", "ddp-rr"]
-)
+    ("strategy", "settings"),
+    [("ddp-ds", ["--set", "data.batch_size=8", "--set", "train.grad_accum_steps=2"]),
+     ("ddp-rr", ["--set", "data.batch_size=16", *DDP_SETTINGS])],
+    ids=["ddp-ds", "ddp-rr"],
+)  # fmt: skip
 def test_sharded_ddp_equals_single_with_world_times_batch(
     tmp_path, tiny_overrides, single_runs, strategy, settings
 ):
+    """2 ranks x 16 samples a step are one process's 32; ddp-ds reaches its 16 as 2
+    accumulated micro-batches of 8 (the first under no_sync)."""
     out = train_run(
         tmp_path,
         strategy,
         tiny_overrides,
         "--set",
         f"strategy={strategy}",
-        "--set",
-        "data.batch_size=16",
         "--nproc",
         "2",
         *settings,
@@ -76,10 +79,12 @@ def test_sharded_ddp_equals_single_with_world_times_batch(
         result["world_size"] == 2 and result["backend"] == "gloo" and not result["redundant_data"]
     )
     ddp = result["config"]["ddp"]
+    profiled = strategy == "ddp-rr"
     assert (ddp["bucket_cap_mb"], ddp["static_graph"]) == (
-        (0.001, True) if settings else (25, False)
+        (0.001, True) if profiled else (25, False)
     )
-    if settings:  # profiled (2 steps after warm-up; they train as any other): every rank's phases
+    assert result["config"]["train"]["grad_accum_steps"] == (1 if profiled else 2)
+    if profiled:  # profiled (2 steps after warm-up; they train as any other): every rank's phases
         phases = result["summary"]["profile_phases"]
         assert len(phases["ranks"]) == 2 and phases["slowest_rank"] in (0, 1)
         assert all(r["phases"]["backward"]["cpu_ms"] > 0 for r in phases["ranks"])
@@ -173,17 +178,15 @@ def test_fp16_and_bf16_train_on_cpu_processes(tmp_path, tiny_overrides):
         assert (s["loss_scale"] is not None) == (precision == "fp16")
 
 
-@pytest.mark.parametrize(
-    ("strategy", "batch", "accum"), [("ddp-ds", 4, 2), ("fsdp", 8, 1)], ids=["ddp-ds", "fsdp"]
-)
+@pytest.mark.parametrize(("strategy", "batch", "accum"), [("fsdp", 8, 1)], ids=["fsdp"])
 def test_four_ranks_equal_single_with_world_times_batch(
     tmp_path, tiny_overrides, single_runs, strategy, batch, accum
 ):
     """Seed scale (4 processes, issue 5) on the CPU: 4 x 8 samples per step is one process's 32.
-    ddp-ds reaches its 8 as 2 accumulated micro-batches of 4 (the first under no_sync); FSDP2
-    shards weights, gradients and optimizer state, yet makes the same update, here with the
-    shards offloaded (parallel.cpu_offload: FSDP2's CPUOffloadPolicy, its host-side optimizer
-    step; plain FSDP2 is test_lm.py's and test_model_parallel.py's)."""
+    FSDP2 shards weights, gradients and optimizer state, yet makes the same update, here with
+    the shards offloaded (parallel.cpu_offload: FSDP2's CPUOffloadPolicy, its host-side
+    optimizer step; plain FSDP2 is test_lm.py's and test_model_parallel.py's). DDP's
+    accumulation under no_sync is the 2-rank ddp-ds test's."""
     out = train_run(
         tmp_path,
         f"{strategy}4",

@@ -7,7 +7,6 @@ dependency); the full run is a GPU test (torchtitan trains on CUDA only)."""
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 
 import pytest
@@ -99,15 +98,18 @@ def test_log_lines_read_and_the_window_after_warm_up_measured():
 
 
 @pytest.mark.skipif(HAS_TORCHTITAN, reason="torchtitan is installed here")
-def test_peer_is_skipped_without_torchtitan(tmp_path):
+def test_peer_is_skipped_without_torchtitan(tmp_path, monkeypatch, capsys):
+    """The peer's main in this process (bench runs it as `python -m`, as the other peers whose
+    entry points test_peers.py starts that way)."""
+    from paratrain.bench.peers import torchtitan_ref
+
     cfg = tmp_path / "config.yaml"
     cfg.write_text(to_yaml(load_config(RECIPE, ["device=cpu"])))
-    proc = subprocess.run(
-        [sys.executable, "-m", "paratrain.bench.peers.torchtitan_ref", str(cfg), str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 3 and "skipped: torchtitan is not installed" in proc.stderr
+    monkeypatch.setattr(sys, "argv", ["torchtitan_ref", str(cfg), str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        torchtitan_ref.main()
+    assert stop.value.code == 3
+    assert "skipped: torchtitan is not installed" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(TT_API != "v02", reason="torchtitan 0.2 is not installed")
