@@ -24,7 +24,9 @@ def main() -> None:
     for label, status, error, metrics, result in sqlite3.connect(db).execute(
         "select label, status, error, metrics, result from runs order by started_at"
     ):
-        rows[label] = (status, error, json.loads(metrics or "{}"), json.loads(result or "{}"))
+        # a run without a result (timeout, failure) stores 'null': no metrics, no summary
+        m, r = json.loads(metrics or "{}") or {}, json.loads(result or "{}") or {}
+        rows[label] = (status, error, m, r)
     lines = [
         "| row | tokens/s (img/s) | ms/step | MFU | peak GiB | mean loss | vs reference |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -42,8 +44,7 @@ def main() -> None:
             f"{m['train_loss']:.4f} | {ratio} |"
         )
     for a, b in pairs:  # loss curves on the same steps (bench's `curve`: interval means)
-        # a row that timed out or failed has no summary to compare (call 42: a timeout)
-        if any(r not in rows or rows[r][0] != "ok" or not rows[r][3] for r in (a, b)):
+        if any(r not in rows or rows[r][0] != "ok" for r in (a, b)):  # call 42: a timeout
             continue
         ca = dict(map(tuple, rows[a][3].get("curve") or []))
         cb = dict(map(tuple, rows[b][3].get("curve") or []))

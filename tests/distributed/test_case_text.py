@@ -1,6 +1,7 @@
 """Seed 001 §6's GPT-2 and BERT case studies on 2 CPU processes (gloo), tiny random shapes on
-the Python documentation: ddp-ds trains with finite, falling loss; its checkpoint resumes under
-fsdp and continues with the same numbers; BERT's sequence classification trains."""
+the Python documentation: ddp-ds trains with finite, falling loss; GPT-2's checkpoint resumes
+under fsdp and continues with the same numbers (one model's resharding: the checkpoint code does
+not know which model it holds); BERT's sequence classification trains."""
 
 import math
 

@@ -41,9 +41,10 @@ def logged_step(out) -> int:
 
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c, max_restarts=1"])
 def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straight, how):
-    """Ctrl-C under launch.max_restarts=1: an interrupt is no failure to restart from (the
-    agent's restart path is the one Ctrl-C could take wrongly; without restarts the same
-    signal reaches the same handlers, so that case is not run again here)."""
+    """SIGTERM to the launcher alone, and Ctrl-C to the whole group under
+    launch.max_restarts=1: an interrupt is no failure to restart from. Ctrl-C without
+    restarts is not run again here: the same signal reaches the same handlers, and only the
+    agent's restart path could take it differently."""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["PARATRAIN_FAULTS"] = "stall:step=12:s=4"  # a window to send the signal in

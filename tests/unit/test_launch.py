@@ -98,6 +98,11 @@ def test_numa_affinity_is_torchruns_own_binding_and_needs_a_gpu(tmp_path):
             ["data.source=synthetic-text", "model.shape=tiny", "model.init=random"],
             ("transformers", "peft"),
         ),
+        (
+            ["task=masked_lm", "model.shape=tiny-bert", "model.init=random"]
+            + ["data.source=python-docs", "data.max_length=64"],
+            ("transformers.modeling_utils", "transformers.tokenization_utils_fast"),
+        ),
     ],
 )
 def test_the_fork_server_imports_what_the_run_needs(monkeypatch, settings, libraries):

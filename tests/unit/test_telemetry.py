@@ -86,3 +86,19 @@ def test_sampler_reads_nothing_while_the_clock_is_paused(monkeypatch):
     time.sleep(0.1)
     assert len(sampler.samples) > n
     sampler.stop()
+
+
+def test_torchvision_version_is_read_without_importing_it():
+    """result.json records torchvision's own __version__ (its build tag too), read from its
+    version.py: the import costs a process ~1.5 s of CPU the tiny CNN's runs do not need."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from paratrain.metrics import torchvision_version as v; "
+        "print(v(), 'torchvision' in sys.modules)"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import torchvision
+
+    assert got.stdout.split() == [torchvision.__version__, "False"]

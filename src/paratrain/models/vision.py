@@ -6,6 +6,7 @@ Weights start random: nothing is downloaded (the machines this runs on may have 
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 
@@ -78,11 +79,12 @@ def trunk_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _head_forward(model: nn.Module) -> Callable:
-    import torchvision
-
-    if isinstance(model, torchvision.models.MobileNetV2):
+    # torchvision's models exist only where torchvision was imported (it built them): the tiny
+    # CNN's pipeline stages need not pay its import (~1.5 s of CPU in every rank)
+    tv = sys.modules.get("torchvision")
+    if tv is not None and isinstance(model, tv.models.MobileNetV2):
         return lambda m, x: m.classifier(torch.flatten(F.adaptive_avg_pool2d(x, (1, 1)), 1))
-    if isinstance(model, torchvision.models.ResNet):
+    if tv is not None and isinstance(model, tv.models.ResNet):
         return lambda m, x: m.fc(torch.flatten(m.avgpool(x), 1))
     if hasattr(model, "pool") and hasattr(model, "classifier"):  # paratrain's tiny CNN
         return lambda m, x: m.classifier(m.pool(x).flatten(1))
