@@ -103,16 +103,9 @@ def torchvision_version() -> str | None:
     if spec is None or not spec.origin:
         return None
     path = Path(spec.origin).with_name("version.py")
-    found = (
-        re.search(r"^__version__ = ['\"]([^'\"]+)", path.read_text(), re.M)
-        if path.is_file()
-        else None
-    )
-    if found:
-        return found.group(1)
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        return importlib.metadata.version("torchvision")
-    return None
+    text = path.read_text() if path.is_file() else ""
+    found = re.search(r"^__version__ = ['\"]([^'\"]+)", text, re.M)
+    return found.group(1) if found else importlib.metadata.version("torchvision")
 
 
 def hardware(device: torch.device, world_size: int) -> dict[str, Any]:
