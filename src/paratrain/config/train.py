@@ -21,6 +21,12 @@ class TrainConfig:
     fused_optimizer: bool = False
     """The optimizer's fused implementation (one kernel per parameter group and step, fewer
     launches) instead of PyTorch's default foreach one; same update."""
+    bf16_weights: bool = False
+    """precision bf16 only: the model's trained weights held in bf16, their fp32 master copy in
+    AdamW's state (Megatron-LM's and DeepSpeed's layout): no per-matmul casts of fp32 weights, a
+    bf16 residual stream and bf16 gradients; one fused kernel a weight updates the master and
+    rounds it into the weight (Triton on CUDA). adamw only; one process or DDP; not with LoRA,
+    float8 or FSDP (whose own mixed precision does this)."""
     lr: float = 1e-3
     """Learning rate (constant, or the peak of the cosine schedule)."""
     momentum: float = 0.9

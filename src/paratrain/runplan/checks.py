@@ -39,6 +39,30 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
         )
 
 
+def check_bf16_weights(cfg, uses: frozenset[str]) -> None:
+    """train.bf16_weights: bf16 weights whose fp32 masters MasterAdamW keeps."""
+    if not cfg.train.bf16_weights:
+        return
+    why = None
+    if cfg.precision != "bf16":
+        why = f"bf16 weights compute in bf16; got precision {cfg.precision} (use precision=bf16)"
+    elif cfg.train.optimizer != "adamw":
+        why = (
+            f"the fp32 masters live in paratrain's AdamW; got train.optimizer {cfg.train.optimizer}"
+        )
+    elif cfg.lora.enabled:
+        why = "LoRA's frozen base is bf16 already and its adapters are small; not with lora"
+    elif getattr(cfg.model, "fp8", "none") != "none":
+        why = f"float8 layers cast fp32 weights themselves; not with model.fp8 {cfg.model.fp8}"
+    elif not uses <= {"single", "ddp"}:
+        why = (
+            "one process or DDP; FSDP's mixed precision keeps bf16 weights of its own and the "
+            f"other layouts are not covered (this run uses {', '.join(sorted(uses))})"
+        )
+    if why:
+        raise ValueError(f"train.bf16_weights: {why}")
+
+
 def check_clipping(cfg, device: str) -> None:
     """train.max_grad_norm clips by the norm of every step's all-reduced gradients."""
     if cfg.train.max_grad_norm is None:

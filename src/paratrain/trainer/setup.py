@@ -59,6 +59,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
     work.out_dir = out_dir
     materialise_lazy(work)
     built = {**parameter_counts(work.model), "rows": work.rows}
+    masters = bf16_weights(work, cfg.train)  # before DDP sizes its buckets by the dtype
     link = slow_link(cfg, env)
     model, eval_model, parts, pipe, split = lay_out(plan, env, dims, work, policy, link)
     # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
@@ -75,7 +76,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
         model=model,
         eval_model=eval_model,
         pipe=pipe,
-        optimizer=optimizers(work, params, dims, cfg.train),
+        optimizer=optimizers(work, params, dims, cfg.train, masters),
         scaler=build_scaler(cfg.precision, cfg.scaler, device),
         policy=policy,
         state=LoopState(),
@@ -246,7 +247,19 @@ def quiet_view_warning(root: nn.Module) -> None:
     warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \({name}\) returned a view")
 
 
-def optimizers(work: Workload, params: list, dims: ParallelDims, tc):
+def bf16_weights(work: Workload, tc) -> dict | None:
+    """train.bf16_weights: the model's trained weights made bf16 -> their fp32 masters for the
+    optimizer (optim/master_adamw.py); None otherwise."""
+    if not tc.bf16_weights:
+        return None
+    if work.parts:
+        raise UserError("train.bf16_weights: one model's weights; this task trains several")
+    from paratrain.optim.master_adamw import to_bf16_weights
+
+    return to_bf16_weights(work.model)
+
+
+def optimizers(work: Workload, params: list, dims: ParallelDims, tc, masters=None):
     """One optimizer; a task of several models (Workload.parts) gets one per part, in the
     parts' order; under TP the DTensor weights and plain ones in groups of their own."""
     if work.parts:
@@ -254,7 +267,7 @@ def optimizers(work: Workload, params: list, dims: ParallelDims, tc):
             build_optimizer([p for p in part.parameters() if p.requires_grad], tc)
             for part in work.parts.values()
         ]
-    return build_optimizer(split_by_kind(params) if dims.tp_enabled else params, tc)
+    return build_optimizer(split_by_kind(params) if dims.tp_enabled else params, tc, masters)
 
 
 def lengths(tc, micro_batches: int) -> tuple[int, int]:

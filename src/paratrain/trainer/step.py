@@ -147,7 +147,14 @@ def global_norm(groups: list[list[torch.Tensor]], device: torch.device) -> torch
     rank holds the same norm; plain gradients are whole (replicated) on each rank."""
     norms = []
     for params in groups:
-        n = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        grads = [p.grad for p in params]
+        if grads[0].dtype == torch.bfloat16 and not hasattr(grads[0], "device_mesh"):
+            # train.bf16_weights: the norm summed in fp32 (torch's would be bf16, 3 digits,
+            # and the clip's factor with it)
+            per = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+            norms.append(torch.linalg.vector_norm(torch.stack(per)).to(device))
+            continue
+        n = torch.nn.utils.get_total_norm(grads, foreach=True)
         if hasattr(n, "full_tensor"):
             n = n.full_tensor()
         norms.append(n.to(device=device, dtype=torch.float32))
