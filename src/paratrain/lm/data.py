@@ -175,7 +175,8 @@ class TokenRows(Dataset):
 class Collate:
     """Pads unpacked examples to the longest in the batch (right, attention mask), rounded up to
     a multiple of `multiple`; packed rows are already max_length and carry position ids instead
-    of a mask."""
+    of a mask. A batch without padding carries no mask: the host knows so here, where the model
+    would have to read the mask back from the GPU to find out."""
 
     pad_id: int
     packed: bool
@@ -203,9 +204,7 @@ class Collate:
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, : len(lab)] = torch.tensor(lab)
             mask[row, : len(ids)] = 1
-        return {
-            "input_ids": input_ids,
-            "labels": labels,
-            "attention_mask": mask,
-            "num_tokens": mask.sum(),
-        }
+        batch = {"input_ids": input_ids, "labels": labels, "num_tokens": mask.sum()}
+        if not mask.all():  # rows without padding need no mask (models/causal_lm/attention.py)
+            batch["attention_mask"] = mask
+        return batch

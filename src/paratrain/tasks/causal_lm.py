@@ -13,10 +13,12 @@ from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
+from paratrain.models.causal_lm.attention import use_own_masks
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
+from paratrain.models.causal_lm.layout import decoder_of
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import (
     ChunkedLossLM,
@@ -245,6 +247,8 @@ def build_model(ctx: BuildContext):
     )
     # the KV cache is for generation; training only wastes memory on it
     model.config.use_cache = False
+    if m.attn_implementation == "sdpa":  # the masks from the host's knowledge: no host sync
+        use_own_masks(model, decoder_of(model))
     model = apply_kernels(model, m.kernels, device)
     model = apply_fp8(model, m.fp8, device, lm_head=m.fp8_lm_head)
     model = apply_lora(model, cfg.lora).to(device)
