@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import pytest
 import torch
 from conftest import adapter_logits, last_checkpoint, lm_settings, read_ckpt, write_alpaca
 
@@ -126,7 +127,10 @@ def test_fine_tune_from_a_checkpoint_directory(tmp_path):
     assert not result["workload"]["random_init"] and result["summary"]["optimizer_steps"] == 3
 
 
-def test_chunked_loss_equals_transformers_loss_and_gradients():
+@pytest.mark.parametrize("chunk", [2, 0], ids=["chunked", "whole, log-sum-exp"])
+def test_chunked_loss_equals_transformers_loss_and_gradients(chunk):
+    """Chunks of 2 (3 chunks over 6 trained positions), or the whole logits' loss written as
+    log-sum-exp minus the target logit (loss.lse_token_loss): transformers' loss and gradients."""
     from paratrain.lm.data import Collate
     from paratrain.models.causal_lm.build import build_causal_lm
     from paratrain.models.causal_lm.lora import LoraConfig, apply_lora
@@ -148,7 +152,7 @@ def test_chunked_loss_equals_transformers_loss_and_gradients():
     ref.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     model.zero_grad()
-    chunked = ChunkedLossLM(model, chunk=2)(**inputs).loss  # 3 chunks over 6 trained positions
+    chunked = ChunkedLossLM(model, chunk=chunk)(**inputs).loss
     chunked.backward()
     torch.testing.assert_close(chunked, ref)
     for n, p in model.named_parameters():
