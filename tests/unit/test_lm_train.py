@@ -127,10 +127,10 @@ def test_fine_tune_from_a_checkpoint_directory(tmp_path):
     assert not result["workload"]["random_init"] and result["summary"]["optimizer_steps"] == 3
 
 
-@pytest.mark.parametrize("chunk", [2, 0], ids=["chunked", "whole, log-sum-exp"])
+@pytest.mark.parametrize("chunk", [2, 0], ids=["chunked", "whole"])
 def test_chunked_loss_equals_transformers_loss_and_gradients(chunk):
-    """Chunks of 2 (3 chunks over 6 trained positions), or the whole logits' loss written as
-    log-sum-exp minus the target logit (loss.lse_token_loss): transformers' loss and gradients."""
+    """Chunks of 2 (3 chunks over 6 trained positions), or the whole logits' loss (WholeLoss,
+    what train.compile compiles): transformers' loss and gradients."""
     from paratrain.lm.data import Collate
     from paratrain.models.causal_lm.build import build_causal_lm
     from paratrain.models.causal_lm.lora import LoraConfig, apply_lora

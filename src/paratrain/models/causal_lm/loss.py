@@ -92,22 +92,7 @@ class WholeLoss(nn.Module):
     def forward(self, hidden, labels, weight, head=None):
         # head (weight None): a float8 lm_head layer (model.fp8_lm_head), called for its matmul
         logits = hidden @ weight.t() if head is None else head(hidden)
-        return lse_token_loss(logits, labels)
-
-
-def lse_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """next_token_loss written as log-sum-exp minus the target's logit. The same loss; what
-    differs is what backward keeps: cross_entropy's log-softmax backward reduces each row of the
-    logits again, where log-sum-exp's needs only the bf16 logits and one number a row, so
-    compiled, backward is one elementwise pass (softmax minus the one-hot target) and forward
-    one reduction (benchmarks/device/ce_bench.py). Plain tensors only: under loss_parallel the
-    vocabulary is sharded and cross_entropy is the op that knows it."""
-    shifted = F.pad(labels, (0, 1), value=IGNORE)[:, 1:].flatten()
-    flat = logits.flatten(0, 1)
-    keep = shifted != IGNORE
-    lse = torch.logsumexp(flat.float(), dim=-1)
-    target = flat.gather(-1, shifted.clamp(min=0)[:, None]).squeeze(-1).float()
-    return ((lse - target) * keep).sum() / keep.sum()
+        return next_token_loss(logits, labels)
 
 
 class ChunkLoss(nn.Module):
