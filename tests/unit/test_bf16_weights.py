@@ -181,6 +181,7 @@ def test_run_trains_in_bf16_and_resumes_bit_for_bit(tmp_path):
         ("train.optimizer=sgd", "train.optimizer sgd"),
         ("lora.enabled=true", "not with lora"),
         ("strategy=fsdp", "FSDP's mixed precision"),
+        ("strategy=ddp-ds", "DDP would all-reduce bf16"),
     ],
 )
 def test_refusals_name_the_key(setting, says):

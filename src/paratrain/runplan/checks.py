@@ -54,10 +54,11 @@ def check_bf16_weights(cfg, uses: frozenset[str]) -> None:
         why = "LoRA's frozen base is bf16 already and its adapters are small; not with lora"
     elif getattr(cfg.model, "fp8", "none") != "none":
         why = f"float8 layers cast fp32 weights themselves; not with model.fp8 {cfg.model.fp8}"
-    elif not uses <= {"single", "ddp"}:
+    elif uses != {"single"}:
         why = (
-            "one process or DDP; FSDP's mixed precision keeps bf16 weights of its own and the "
-            f"other layouts are not covered (this run uses {', '.join(sorted(uses))})"
+            "one process (strategy single) for now: DDP would all-reduce bf16 gradients, and "
+            f"FSDP's mixed precision keeps bf16 weights of its own (this run uses "
+            f"{', '.join(sorted(uses))})"
         )
     if why:
         raise ValueError(f"train.bf16_weights: {why}")

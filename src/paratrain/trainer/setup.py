@@ -59,7 +59,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
     work.out_dir = out_dir
     materialise_lazy(work)
     built = {**parameter_counts(work.model), "rows": work.rows}
-    masters = bf16_weights(work, cfg.train)  # before DDP sizes its buckets by the dtype
+    masters = bf16_weights(work, cfg.train)  # before anything wraps or compiles the model
     link = slow_link(cfg, env)
     model, eval_model, parts, pipe, split = lay_out(plan, env, dims, work, policy, link)
     # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
