@@ -15,7 +15,7 @@ import torch
 
 from paratrain.models.triton_common import big, block_index, tl, triton
 
-BLOCK = 2048
+BLOCK, WARPS = 2048, 8  # elements and warps a program (benchmarks/device/parts_bench.py)
 
 if triton is not None:
 
@@ -100,5 +100,5 @@ def adamw_master_step(
         HAS_INF=found_inf is not None,
         BLOCK=BLOCK,
         BIG=big(master),
-        num_warps=8,
+        num_warps=WARPS,
     )
