@@ -77,11 +77,13 @@ class ModelConfig:
     training through paratrain's Triton kernels over channels_last tensors, the activation inside
     (models/batchnorm_triton.py; GPUs; without one, the same arithmetic in torch). Not with
     model.sync_batchnorm."""
-    kernels: Literal["none", "liger", "liger-loss"] = "none"
+    kernels: Literal["none", "liger", "liger-loss", "triton-loss"] = "none"
     """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
-    cross-entropy (with train.compile, which fuses the rest itself). loss_chunk_tokens, when set,
-    replaces Liger's loss with paratrain's chunked one."""
+    cross-entropy (with train.compile, which fuses the rest itself). triton-loss: paratrain's
+    cross-entropy kernel over the whole logits, which writes the loss's gradient in forward
+    (models/causal_lm/ce_triton.py; no liger-kernel needed). loss_chunk_tokens, when set,
+    replaces these losses with paratrain's chunked one."""
     fp8: Literal["none", "tensorwise", "rowwise", "delayed"] = "none"
     """Language model: the frozen base's linear layers (not lm_head) multiply in float8 through
     torchao's Float8Linear, scaled per tensor or per row; adapters and the rest keep the autocast

@@ -35,11 +35,7 @@ SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs
 def check(cfg, layout: Layout) -> None:
     """Config-time checks of this task (ValueError naming the field)."""
     m = cfg.model
-    if m.loss_chunk_tokens and "lm_head" in cfg.lora.target_modules:
-        raise ValueError(
-            "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
-            "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
-        )
+    check_lm_head_adapter(cfg)
     if m.fp8_lm_head and (m.loss_chunk_tokens or m.kernels != "none"):
         raise ValueError(
             "model.fp8_lm_head: the chunked loss and Liger's fused loss multiply by lm_head's "
@@ -109,6 +105,24 @@ def model_config(cfg):
     if cfg.model.layers:
         config.num_hidden_layers = cfg.model.layers
     return config
+
+
+def check_lm_head_adapter(cfg) -> None:
+    """The chunked loss and the Triton loss multiply by lm_head's weight themselves: an adapter
+    on lm_head would be left out."""
+    m = cfg.model
+    if "lm_head" not in cfg.lora.target_modules:
+        return
+    if m.loss_chunk_tokens:
+        raise ValueError(
+            "model.loss_chunk_tokens: the chunked loss uses lm_head's weight directly; "
+            "drop lm_head from lora.target_modules or set loss_chunk_tokens=0"
+        )
+    if m.kernels == "triton-loss" and cfg.lora.enabled:
+        raise ValueError(
+            "model.kernels: triton-loss uses lm_head's weight directly; drop lm_head from "
+            "lora.target_modules or set kernels=none"
+        )
 
 
 def preflight(cfg, layout: Layout, cuda: bool) -> None:

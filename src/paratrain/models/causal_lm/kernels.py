@@ -13,6 +13,13 @@ def check_kernels(kernels: str, device_type: str) -> None:
     """model.kernels needs a CUDA device and the liger-kernel package (checked before launch)."""
     if kernels == "none":
         return
+    if kernels == "triton-loss":  # paratrain's own kernel (ce_triton.py): Triton, on CUDA
+        if device_type != "cuda":
+            raise UserError(
+                f"model.kernels: triton-loss runs a Triton kernel on CUDA GPUs; this run is on "
+                f"{device_type}"
+            )
+        return
     if device_type != "cuda":
         raise UserError(
             f"model.kernels: {kernels} runs Triton kernels on CUDA GPUs; this run is on {device_type}"
@@ -38,7 +45,7 @@ def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Mo
     check_kernels(kernels, device.type)
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
-    if kernels == "liger-loss":
+    if kernels in ("liger-loss", "triton-loss"):
         return model  # the loss wrapper does it all
     model_type = model.config.model_type
     patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)

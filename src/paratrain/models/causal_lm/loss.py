@@ -190,7 +190,11 @@ class ChunkedLossLM(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
         labels = labels.to(hidden.device)  # strategy=split: the last layers' GPU
-        if self.fused.startswith("liger"):
+        if self.fused == "triton-loss":  # the loss's gradient written in forward (ce_triton.py)
+            from paratrain.models.causal_lm.ce_triton import triton_lm_loss
+
+            loss = triton_lm_loss(hidden, labels, base.lm_head.weight)
+        elif self.fused.startswith("liger"):
             loss = liger_cross_entropy(hidden, labels, base.lm_head.weight)
         elif not self.chunk and _plain_head(base):
             loss = self.whole_loss(hidden, labels, base.lm_head.weight)

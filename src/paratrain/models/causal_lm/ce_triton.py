@@ -1,0 +1,111 @@
+"""lm_head + mean next-token cross-entropy with the loss's gradient written in forward
+(model.kernels=triton-loss). One Triton program a row of the [tokens, vocab] logits: an online
+max and sum over the row give its log-sum-exp, then a second pass writes softmax minus the
+one-hot target, over 1/n of the trained tokens, in place of the logits. Backward is then only
+lm_head's two matmuls, scaled by the incoming gradient afterwards (on the [tokens, hidden] and
+[vocab, hidden] results, not on the logits). Compiled cross_entropy reads the logits in forward
+and reduces each row again in backward (5.4 ms on the Llama-3.2-1B shape's 16,384 x 128,256
+logits on one H200, against 2.0 for this kernel: benchmarks/device/parts_bench.py).
+
+The arithmetic is F.cross_entropy(logits.float(), ignore_index=-100)'s: fp32 inside the kernel,
+the loss summed in fp32, the gradient rounded once to the logits' dtype. Liger-Kernel's
+cross-entropy works the same way; it keeps each row's loss in the logits' dtype and reads the
+incoming gradient on the host, which would stop the host each step."""
+
+from __future__ import annotations
+
+import torch
+
+from paratrain.models.triton_common import tl, triton
+
+IGNORE = -100
+BLOCK = 8192
+
+if triton is not None:
+
+    @triton.jit
+    def _loss_and_gradient(
+        logits,
+        labels,
+        losses,
+        count,
+        stride,
+        vocab,
+        IGNORE_INDEX: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        base = logits + row.to(tl.int64) * stride
+        label = tl.load(labels + row)
+        valid = label != IGNORE_INDEX
+        scale = tl.where(valid, 1.0 / tl.load(count).to(tl.float32), 0.0)
+        top = float("-inf")
+        total = 0.0
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            new_top = tl.maximum(top, tl.max(x, 0))
+            total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top), 0)
+            top = new_top
+        lse = top + tl.log(total)
+        target = tl.load(base + tl.where(valid, label, 0)).to(tl.float32)
+        tl.store(losses + row, tl.where(valid, lse - target, 0.0))
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < vocab
+            x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(x - lse) * scale
+            g = tl.where(cols == label, g - scale, g)
+            tl.store(base + cols, g.to(logits.dtype.element_ty), mask=mask)
+
+
+def loss_and_gradient_(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits [n, vocab] (overwritten with the mean loss's gradient), labels [n] (IGNORE where
+    no token is trained) -> the mean loss over the trained tokens (fp32; nan without any, as
+    cross_entropy gives)."""
+    n, vocab = logits.shape
+    trained = labels != IGNORE
+    count = trained.sum()
+    losses = torch.empty(n, device=logits.device, dtype=torch.float32)
+    _loss_and_gradient[(n,)](
+        logits,
+        labels,
+        losses,
+        count,
+        logits.stride(0),
+        vocab,
+        IGNORE_INDEX=IGNORE,
+        BLOCK=BLOCK,
+        num_warps=16,
+    )
+    return losses.sum() / count
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """hidden [n, h] @ weight[vocab, h].T, then the mean cross-entropy against labels [n]."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.bfloat16)
+    def forward(ctx, hidden, weight, labels):
+        logits = hidden @ weight.t()
+        loss = loss_and_gradient_(logits, labels)
+        ctx.save_for_backward(hidden, weight, logits)  # logits: now the loss's gradient
+        return loss
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_loss):
+        hidden, weight, grad_logits = ctx.saved_tensors
+        scale = grad_loss.to(hidden.dtype)  # a device scalar: no host read
+        grad_hidden = (grad_logits @ weight) * scale
+        grad_weight = (grad_logits.t() @ hidden) * scale
+        return grad_hidden, grad_weight, None
+
+
+def triton_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor):
+    """Mean next-token loss: hidden [B, T, H], labels [B, T] (unshifted, as transformers takes
+    them), lm_head's weight [vocab, H]."""
+    from torch.nn import functional as F
+
+    shifted = F.pad(labels, (0, 1), value=IGNORE)[:, 1:].flatten()
+    return LinearCrossEntropy.apply(hidden.flatten(0, 1), weight, shifted)
