@@ -2,10 +2,11 @@
 (model.kernels=triton-loss). One Triton program a row of the [tokens, vocab] logits: an online
 max and sum over the row give its log-sum-exp, then a second pass writes softmax minus the
 one-hot target, over 1/n of the trained tokens, in place of the logits. Backward is then only
-lm_head's two matmuls, scaled by the incoming gradient afterwards (on the [tokens, hidden] and
-[vocab, hidden] results, not on the logits). Compiled cross_entropy reads the logits in forward
-and reduces each row again in backward (5.4 ms on the Llama-3.2-1B shape's 16,384 x 128,256
-logits on one H200, against 2.0 for this kernel: benchmarks/device/parts_bench.py).
+lm_head's two matmuls, with the incoming gradient applied on the [tokens, hidden] side of each
+(not on the logits, the largest tensor). Compiled cross_entropy reads the logits in forward
+and reduces each row again in backward (5.5 ms a step on the Llama-3.2-1B shape's 16,384 x
+128,256 logits on one H200; Liger-Kernel's kernel, which works this way, 2.0 ms:
+benchmarks/device/parts_bench.py).
 
 The arithmetic is F.cross_entropy(logits.float(), ignore_index=-100)'s: fp32 inside the kernel,
 the loss summed in fp32, the gradient rounded once to the logits' dtype. Liger-Kernel's
@@ -19,7 +20,10 @@ import torch
 from paratrain.models.triton_common import tl, triton
 
 IGNORE = -100
-BLOCK = 8192
+# A row of 128,256 bf16 logits is 256 KB. With 32 warps a program, one program runs on each SM,
+# so the rows in flight fit in L2 and the second pass reads them from there (Liger-Kernel's
+# choice; 16 warps and 8,192 columns a block took 3.35 ms a step on one H200, call 49).
+BLOCK, WARPS = 32768, 32
 
 if triton is not None:
 
@@ -75,8 +79,8 @@ def loss_and_gradient_(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
         logits.stride(0),
         vocab,
         IGNORE_INDEX=IGNORE,
-        BLOCK=BLOCK,
-        num_warps=16,
+        BLOCK=min(BLOCK, triton.next_power_of_2(vocab)),
+        num_warps=WARPS,
     )
     return losses.sum() / count
 
@@ -97,8 +101,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         hidden, weight, grad_logits = ctx.saved_tensors
         scale = grad_loss.to(hidden.dtype)  # a device scalar: no host read
+        # scaled on the [tokens, hidden] side, the smallest tensor of each product
         grad_hidden = (grad_logits @ weight) * scale
-        grad_weight = (grad_logits.t() @ hidden) * scale
+        grad_weight = grad_logits.t() @ (hidden * scale)
         return grad_hidden, grad_weight, None
 
 
