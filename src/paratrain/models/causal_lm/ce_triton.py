@@ -22,7 +22,7 @@ from paratrain.models.triton_common import tl, triton
 IGNORE = -100
 # A row of 128,256 bf16 logits is 256 KB. With 32 warps a program, one program runs on each SM,
 # so the rows in flight fit in L2 and the second pass reads them from there (Liger-Kernel's
-# choice; 16 warps and 8,192 columns a block took 3.35 ms a step on one H200, call 49).
+# choice; 16 warps and 8,192 columns a block took 3.35 ms a step on one H200, call 50).
 BLOCK, WARPS = 32768, 32
 
 if triton is not None:
