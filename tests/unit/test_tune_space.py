@@ -33,7 +33,11 @@ def test_default_space_follows_recipe_and_machine():
     lora = load_config("recipes/llama3_8b_lora_random.yaml")
     lm_gpu = {lv.key: lv.values for lv in space.default_space(lora, gpus=1).levers}
     # the levers of the hand-found fastest LoRA set-up (compile + Liger's loss or a chunked one)
-    assert lm_gpu["model.kernels"] == ["none", "liger-loss", "liger"]
+    assert lm_gpu["model.kernels"] == ["none", "liger-loss", "liger", "triton-loss"]
+    assert "train.bf16_weights" not in lm_gpu  # LoRA: the base is bf16 already
+    full = load_config("recipes/llama3.2_1b_full_random.yaml")
+    full_gpu = {lv.key: lv.values for lv in space.default_space(full, gpus=1).levers}
+    assert full_gpu["train.bf16_weights"] == [False, True]
     assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
     assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise", "delayed"]
     assert lm_gpu["train.fused_optimizer"] == [False, True]  # the guard's flag off the host
