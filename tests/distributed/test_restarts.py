@@ -2,7 +2,9 @@
 SIGKILL after step 3 under launch.max_restarts=1, both nodes' workers back, resumed from the
 newest checkpoint (step 2), bit-identical to an uninterrupted run (on one node the same is
 benchmarks/chaos/kill_resume.py's, 20 trials committed); a stopped rank named by the watchdog;
-a user mistake found in the workers ending the job once, with exit 2."""
+a user mistake found in the workers ending the job once, with exit 2. The stopped rank's run
+(stalled, not interrupted) is also the two-node run's uninterrupted reference: one launch
+fewer."""
 
 import pytest
 from conftest import TINY_LM, final_weights, read_result, run_cli
@@ -29,39 +31,49 @@ def test_a_mistake_found_in_the_workers_is_one_line_once(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
 
 
-def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(tmp_path):
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """The stopped-rank run below: -> (its process, its folder). A stop changes no step's
+    arithmetic, so its final weights are an uninterrupted 2-process single-node run's."""
+    out = tmp_path_factory.mktemp("restarts") / "stopped"
+    p = run_cli(
+        args(out, "dist.watchdog_s=2", "checkpoint.every_steps=0"),
+        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=6"},
+    )
+    return p, out
+
+
+def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(stopped):
     """Rank 1 gets SIGSTOP (every thread of it stops, heartbeat too) for 6 s after step 4.
     Rank 0 waits for it in step 4's stop check (a collective every step while step times are
     unknown, or slow) or in step 5's all-reduce: which, depends on how fast the first steps
     ran; either way the wait is that step's, and the run's throughput leaves it out."""
-    p = run_cli(
-        args(tmp_path / "stopped", "dist.watchdog_s=2", "checkpoint.every_steps=0"),
-        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=6"},
-    )
+    p, out = stopped
     assert "watchdog: rank 1 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
-    s = read_result(tmp_path / "stopped")["summary"]
+    s = read_result(out)["summary"]
     (slow,) = s["stalls"]["slow_steps"]
     assert slow["step"] in (4, 5) and slow["excess_s"] > 4, s
     assert s["stall_s"] == slow["excess_s"] and s["train_s"] < slow["seconds"]
     # the step log's rates stay each step's own (the excess left the clock before logging)
     import json
 
-    steps = [json.loads(x) for x in (tmp_path / "stopped" / "steps.jsonl").read_text().splitlines()]
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     rates = [x["tokens_per_s"] for x in steps[1:]]
     assert max(rates) < 50 * min(rates), rates
     assert s["stalls"]["stragglers"][0]["rank"] == 1
     # every rank that could wrote its flight recorder; the reader names who did not arrive
     assert "flight recorder dumps in" in p.stderr, p.stderr[-3000:]
-    read = run_cli(["flight", tmp_path / "stopped"])
+    read = run_cli(["flight", out])
     assert "rank 1: no dump" in read.stdout, read.stdout
     assert "was entered by rank 0" in read.stdout and "but not by 1" in read.stdout, read.stdout
 
 
-def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
+def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path, stopped):
     """Two torchrun agents on this machine as two nodes (c10d rendezvous, one worker each):
     a worker killed after step 3 brings both nodes' workers back (the other node's agent
     restarts them for the membership change, keeping its own restart count); they resume from
-    step 2 and end equal to a 2-process single-node run."""
+    step 2 and end equal to a 2-process single-node run (the stopped-rank run: stalled, never
+    interrupted, the same settings but its checkpoints and watchdog)."""
     import socket
     import subprocess
     import sys
@@ -69,7 +81,6 @@ def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run_cli(args(tmp_path / "one-node"))
     out = tmp_path / "two-nodes"
     cmd = [
         sys.executable,
@@ -92,7 +103,7 @@ def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path):
     logs = [n.communicate(timeout=240)[0] for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert any("step_00000002 at step 2" in log for log in logs)
-    a, b = final_weights(tmp_path / "one-node"), final_weights(out)
+    a, b = final_weights(stopped[1]), final_weights(out)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     # the step log of a DDP run: rank 0's gradient norm is the job's (DDP averaged them); the
     # restarted generation appended to it from its checkpoint's step
