@@ -50,24 +50,26 @@ def test_two_point_sweep_makes_db_table_and_plot(tmp_path, capsys, monkeypatch):
 
 def test_failed_and_hung_runs_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
     """A run that fails, one that hangs (killed at its own timeout_s) and a good one after
-    them. The hung variant has a short time limit of its own (it sleeps far past it); the
-    others keep the sweep's generous one (a good run takes seconds, more under load). On the second sweep the hung run fails at once instead, which shows
-    that a timed-out run is tried again (and its row replaced)."""
+    them. The hung variant has a short time limit of its own (it would sleep far past it,
+    and is killed wherever it is by then: starting, or asleep in its builder); the others
+    keep the sweep's generous one (a good run takes seconds, more under load). On the second
+    sweep the hung run fails at once instead, which shows that a timed-out run is tried again
+    (and its row replaced)."""
+    second = tmp_path / "second_sweep"  # made by this test between the sweeps
     (tmp_path / "flaky.py").write_text(
         "import pathlib, time\n"
         "def boom(num_classes, in_channels):\n"
         "    raise RuntimeError('model exploded')\n"
         "def hang(num_classes, in_channels):\n"
-        f"    tried = pathlib.Path({str(tmp_path / 'hung_once')!r})\n"
-        "    if tried.exists():\n"
+        f"    if pathlib.Path({str(second)!r}).exists():\n"
         "        raise RuntimeError('hung the first time')\n"
-        "    tried.touch()\n"
         "    time.sleep(3600)\n"
     )
     sweep = tmp_path / "sweep.yaml"
-    # The hung run's limit: long enough for its process to start and reach the builder under
-    # load (which marks the first try), short beside the sweep's. The second sweep gives it
-    # the sweep's limit (a time limit is not part of a run's key): now it fails at once.
+    # The hung run's limit: short beside the sweep's, a few seconds (it need not reach the
+    # builder: this test, not the run, says which sweep is the second one). The second sweep
+    # gives it the sweep's limit (a time limit is not part of a run's key): now it fails at
+    # once.
     text = f"""
 name: flaky
 recipe: {RECIPES / "tiny_cpu.yaml"}
@@ -75,7 +77,7 @@ table: plain
 set: {{train.max_steps: 2, data.limit_samples: 128, train.eval: false, log.progress: false, checkpoint.at_end: false, strategy: single}}
 variants:
   - {{label: boom, set: {{model.name: "flaky:boom"}}}}
-  - {{label: hang, set: {{model.name: "flaky:hang"}}, timeout_s: 25}}
+  - {{label: hang, set: {{model.name: "flaky:hang"}}, timeout_s: 4}}
   - {{label: good, set: {{train.lr: 0.001}}}}
 timeout_s: 300
 """
@@ -95,9 +97,10 @@ timeout_s: 300
         )
     assert got["good"] == "ok:"
     assert got["boom"].startswith("failed:") and "model exploded" in got["boom"]
-    assert got["hang"].startswith("timeout:")
+    assert got["hang"].startswith("timeout:") and "after 4 s" in got["hang"]  # its own limit
     # Re-running skips what succeeded and tries the rest again.
-    sweep.write_text(text.replace(", timeout_s: 25", ""))
+    second.touch()
+    sweep.write_text(text.replace(", timeout_s: 4", ""))
     out = here(capsys, *args)
     assert "0 ok, 2 failed, 0 timeout" in out and "1 done before" in out, out
     with sqlite3.connect(db) as con:
