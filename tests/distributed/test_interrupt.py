@@ -17,7 +17,9 @@ from conftest import TINY, final_weights, max_abs_diff, run_cli
 
 pytestmark = pytest.mark.dist
 
-STEPS = 200
+# The interrupt lands within about a second of steps after step 12 (the ranks agree on a stop
+# every ~1 s of steps: at most ~35 steps here); 80 leave a margin past that.
+STEPS = 80
 SETTINGS = [
     *TINY,
     *("--set", "data.limit_samples=512", "--set", "data.batch_size=16"),
@@ -47,7 +49,9 @@ def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straig
     agent's restart path could take it differently."""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env["PARATRAIN_FAULTS"] = "stall:step=12:s=4"  # a window to send the signal in
+    # a window to send the signal in: every rank sleeps 4 s after step 13, the step after the
+    # one this test waits to see logged (a step is logged after its own stall)
+    env["PARATRAIN_FAULTS"] = "stall:step=13:s=4"
     restarts = ["--set", "launch.max_restarts=1"] if "max_restarts" in how else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "paratrain", "run", *map(str, SETTINGS), *restarts, "--nproc", "2"]
