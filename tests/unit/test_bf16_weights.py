@@ -189,3 +189,11 @@ def test_refusals_name_the_key(setting, says):
     with pytest.raises(UserError) as e:
         resolve(cfg, given=("strategy",))
     assert str(e.value).startswith("train.bf16_weights:") and says in str(e.value)
+
+
+def test_an_image_task_is_refused_by_name():
+    settings = ["train.bf16_weights=true", "precision=bf16", "train.optimizer=adamw"]
+    cfg = load_config(None, ["data.source=synthetic", "model.name=tiny_cnn", *settings])
+    with pytest.raises(UserError) as e:
+        resolve(cfg, given=("strategy",))
+    assert str(e.value).startswith("train.bf16_weights:") and "task causal_lm" in str(e.value)

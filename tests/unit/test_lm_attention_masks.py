@@ -62,3 +62,17 @@ def test_the_collate_leaves_out_only_a_mask_of_ones():
     padded = collate([([1, 2, 3], [1, 2, 3]), ([4], [4])])
     assert padded["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert int(padded["num_tokens"]) == 4
+
+
+def test_sliding_window_and_chunked_models_keep_transformers_masks():
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig
+
+    from paratrain.models.causal_lm.attention import plain_causal
+
+    assert plain_causal(LlamaConfig()) and plain_causal(MistralConfig(sliding_window=None))
+    assert not plain_causal(MistralConfig(sliding_window=8))
+    assert not plain_causal(Gemma2Config())  # alternating sliding and full layers
+    model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32)
+    model.config.sliding_window = 8  # as a Mistral checkpoint's config would have it
+    assert not use_own_masks(model, decoder_of(model))
+    assert model.config._attn_implementation == "sdpa"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from paratrain.models.triton_common import uses_triton
+
 # state entries kept in fp32 whatever the weight's dtype (torch's load_state_dict would cast
 # them to it)
 FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
@@ -110,8 +112,6 @@ class MasterAdamW(torch.optim.Optimizer):
 def _kernel_for(p: torch.Tensor):
     """The fused kernel where Triton runs (CUDA, or its interpreter under TRITON_INTERPRET=1)
     and the tensors are dense; torch's arithmetic elsewhere."""
-    from paratrain.models.triton_common import uses_triton
-
     if uses_triton(p) and p.is_contiguous() and p.grad.is_contiguous():
         from paratrain.optim.master_adamw_triton import adamw_master_step
 

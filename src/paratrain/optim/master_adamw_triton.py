@@ -42,7 +42,10 @@ if triton is not None:
         BLOCK: tl.constexpr,
         BIG: tl.constexpr,
     ):
-        i = block_index(tl.program_id(0) * BLOCK, BLOCK, BIG)
+        start = tl.program_id(0)
+        if BIG:  # the product in int64: program_id is int32 and would wrap past 2**31 elements
+            start = start.to(tl.int64)
+        i = block_index(start * BLOCK, BLOCK, BIG)
         if HAS_INF:  # a skipped step: no element in range, every load and store masked off
             n = tl.where(tl.load(found_inf) == 0, n, 0)
         mask = i < n

@@ -39,12 +39,14 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
         )
 
 
-def check_bf16_weights(cfg, uses: frozenset[str]) -> None:
+def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
     """train.bf16_weights: bf16 weights whose fp32 masters MasterAdamW keeps."""
     if not cfg.train.bf16_weights:
         return
     why = None
-    if cfg.precision != "bf16":
+    if task != "causal_lm":  # measured and tested for the language models' full training only
+        why = f"full training of causal language models (task causal_lm); this is task {task}"
+    elif cfg.precision != "bf16":
         why = f"bf16 weights compute in bf16; got precision {cfg.precision} (use precision=bf16)"
     elif cfg.train.optimizer != "adamw":
         why = (

@@ -20,14 +20,32 @@ from torch import nn
 NAME = "paratrain_sdpa"
 
 
-def use_own_masks(model: nn.Module, decoder: nn.Module) -> None:
-    """The model's sdpa attention under NAME, and the decoder's masks from mask_for."""
+def use_own_masks(model: nn.Module, decoder: nn.Module) -> bool:
+    """The model's sdpa attention under NAME, and the decoder's masks from mask_for, where its
+    attention is plain causal over the whole row (mask_for builds no other); -> whether applied.
+    Sliding-window or chunked layers keep transformers' own masks."""
+    if not plain_causal(model.config):
+        return False
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     AttentionInterface.register(NAME, sdpa_attention_forward)  # the same kernel as "sdpa"
     model.config._attn_implementation = NAME
     decoder.register_forward_pre_hook(_hand_mask, with_kwargs=True)
+    return True
+
+
+def plain_causal(config) -> bool:
+    """Every layer attends to every earlier token: no sliding window (Mistral, Qwen2's option),
+    no chunked attention (Llama 4), no layer types other than full attention (Gemma 2/3)."""
+    if getattr(config, "sliding_window", None) is not None and getattr(
+        config, "use_sliding_window", True
+    ):
+        return False
+    if getattr(config, "attention_chunk_size", None) is not None:
+        return False
+    kinds = getattr(config, "layer_types", None) or []
+    return all(kind == "full_attention" for kind in kinds)
 
 
 def _hand_mask(module, args, kwargs):
@@ -35,8 +53,10 @@ def _hand_mask(module, args, kwargs):
     if mask is not None and mask.dim() == 4:  # a mask built already: used as it is
         return None
     ids = kwargs.get("input_ids")
+    if ids is None and args and args[0] is not None:
+        ids = args[0]
     if ids is None:
-        ids = args[0] if args else kwargs["inputs_embeds"][..., 0]
+        ids = kwargs["inputs_embeds"][..., 0]
     kwargs["attention_mask"] = mask_for(mask, positions, ids.shape[1], ids.device)
     return args, kwargs
 

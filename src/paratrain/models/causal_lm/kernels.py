@@ -43,10 +43,10 @@ def apply_kernels(model: nn.Module, kernels: str, device: torch.device) -> nn.Mo
     if kernels == "none":
         return model
     check_kernels(kernels, device.type)
+    if kernels in ("liger-loss", "triton-loss"):
+        return model  # the loss wrapper does it all (triton-loss needs no liger-kernel)
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
-    if kernels in ("liger-loss", "triton-loss"):
-        return model  # the loss wrapper does it all
     model_type = model.config.model_type
     patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if patch is None:
