@@ -191,12 +191,42 @@ def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
         load_config(None, common + ["train.compile=true", f"output_dir={tmp_path / 'compiled'}"])
     )
     blocks = seen["work"].compile_units
-    assert len(blocks) == 3  # the tiny shape's two decoder layers, the chunk loss
+    assert len(blocks) == 4  # the tiny shape's two decoder layers, the final norm, the chunk loss
     assert all(b._compiled_call_impl is not None for b in blocks)
     a, b = eager["summary"]["train_loss"], compiled["summary"]["train_loss"]
     assert abs(a - b) < 1e-3 * abs(a), (a, b)
     ckpt = read_ckpt(last_checkpoint(tmp_path / "compiled"))
     assert not any("_orig_mod" in k for k in ckpt["model"])
+    # the whole decoder as one graph: the same losses, the same checkpoint names
+    whole = common + ["train.compile=true", "train.compile_scope=decoder"]
+    decoder = train(load_config(None, whole + [f"output_dir={tmp_path / 'decoder'}"]))
+    units = seen["work"].compile_units
+    assert [type(u).__name__ for u in units] == ["LlamaModel", "ChunkLoss"]
+    assert units[0]._compiled_call_impl is not None
+    c = decoder["summary"]["train_loss"]
+    assert abs(a - c) < 1e-3 * abs(a), (a, c)
+    ckpt = read_ckpt(last_checkpoint(tmp_path / "decoder"))
+    assert not any("_orig_mod" in k for k in ckpt["model"])
+
+
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (["train.compile=true", "strategy=fsdp"], "one process or DDP"),
+        ([], "set train.compile=true"),
+        (["train.compile=true", "model.name=tiny_cnn", "data.source=synthetic"], "task causal_lm"),
+    ],
+)
+def test_compile_scope_decoder_refusals(settings, says):
+    from paratrain.errors import UserError
+    from paratrain.runplan import resolve
+
+    lm = ["model.shape=tiny", "model.init=random", "data.source=synthetic-text"]
+    base = [] if "model.name=tiny_cnn" in settings else lm
+    cfg = load_config(None, [*base, "device=cpu", "train.compile_scope=decoder", *settings])
+    with pytest.raises(UserError) as e:
+        resolve(cfg, given=("strategy",))
+    assert str(e.value).startswith("train.compile_scope: decoder:") and says in str(e.value)
 
 
 def test_liger_kernels_off_cuda_is_a_one_line_error(tmp_path):

@@ -136,6 +136,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     checks.check_sync_batchnorm(cfg, wrapper, device)
     checks.check_clipping(cfg, device)
     checks.check_bf16_weights(cfg, layout.uses, task.name)
+    checks.check_compile_scope(cfg, layout.uses, task.name)
     task.check(cfg, layout)
     checks.check_interleaved(cfg, degrees["pp"], task)
     notes += kernel_notes(cfg, task.name, device)

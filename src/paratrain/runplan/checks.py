@@ -66,6 +66,25 @@ def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
         raise ValueError(f"train.bf16_weights: {why}")
 
 
+def check_compile_scope(cfg, uses: frozenset[str], task: str) -> None:
+    """train.compile_scope=decoder: one graph over a language model's whole decoder, where no
+    wrapper reaches inside it (FSDP shards each layer, TP and pipelines cut it)."""
+    if cfg.train.compile_scope != "decoder":
+        return
+    why = None
+    if task != "causal_lm":
+        why = f"the decoder of a causal language model (task causal_lm); this is task {task}"
+    elif not cfg.train.compile:
+        why = "it says what train.compile compiles; set train.compile=true with it"
+    elif not uses <= {"single", "ddp"}:
+        why = (
+            "one process or DDP: FSDP, tensor and pipeline parallelism work on the decoder's "
+            f"layers (this run uses {', '.join(sorted(uses))}); use compile_scope=blocks"
+        )
+    if why:
+        raise ValueError(f"train.compile_scope: decoder: {why}")
+
+
 def check_clipping(cfg, device: str) -> None:
     """train.max_grad_norm clips by the norm of every step's all-reduced gradients."""
     if cfg.train.max_grad_norm is None:

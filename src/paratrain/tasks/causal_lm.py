@@ -18,7 +18,7 @@ from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
 from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
-from paratrain.models.causal_lm.layout import decoder_of
+from paratrain.models.causal_lm.layout import decoder_of, layout_of
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import (
     ChunkedLossLM,
@@ -26,7 +26,7 @@ from paratrain.models.causal_lm.loss import (
     next_token_loss_sum,
     plain_head,
 )
-from paratrain.models.causal_lm.spec import CausalLMSpec, check_parallel
+from paratrain.models.causal_lm.spec import CausalLMSpec, base_model, check_parallel
 from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
@@ -242,7 +242,7 @@ def build(ctx: BuildContext) -> Workload:
         pipeline=PIPELINE,
         flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
         finish=finish if cfg.lora.enabled else None,
-        compile_units=spec.blocks(model) + loss_units(model, layout.tp_enabled),
+        compile_units=compile_units(model, spec, cfg.train.compile_scope, layout.tp_enabled),
         info=facts(ctx, model, train_rows),
         rows={"train": len(train_rows), "val": len(val_rows)},
     )
@@ -379,6 +379,18 @@ PIPELINE = PipelineHooks(
     score_keys=("loss_sum", "tokens"),
     tokens=lambda b: b["num_tokens"],
 )
+
+
+def compile_units(model, spec, scope: str, tp_enabled: bool) -> list:
+    """What train.compile compiles in place (parallel/apply.py): each decoder layer and the final
+    norm (eager, the norm's fp32 upcast, reduction and casts were ten kernels a step), or the
+    whole decoder as one graph; and the loss where it is a unit of its own. Under TP the norm
+    works on sequence shards (DTensors) and stays eager, as torchtitan leaves it."""
+    decoder = decoder_of(base_model(model))
+    if scope == "decoder":
+        return [decoder, *loss_units(model, tp_enabled)]
+    norm = [] if tp_enabled else [getattr(decoder, layout_of(model).norm)]
+    return [*spec.blocks(model), *norm, *loss_units(model, tp_enabled)]
 
 
 def loss_units(model, tp_enabled: bool) -> list:
