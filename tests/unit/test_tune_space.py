@@ -38,6 +38,9 @@ def test_default_space_follows_recipe_and_machine():
     full = load_config("recipes/llama3.2_1b_full_random.yaml")
     full_gpu = {lv.key: lv.values for lv in space.default_space(full, gpus=1).levers}
     assert full_gpu["train.bf16_weights"] == [False, True]
+    assert full_gpu["train.compile_scope"] == ["blocks", "decoder"]
+    fsdp = load_config("recipes/llama3.2_1b_full_random.yaml", ["strategy=fsdp"])
+    assert "train.compile_scope" not in space.default_space(fsdp, gpus=1).names()
     assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
     assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise", "delayed"]
     assert lm_gpu["train.fused_optimizer"] == [False, True]  # the guard's flag off the host
