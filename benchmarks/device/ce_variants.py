@@ -41,6 +41,7 @@ def main():
         work.copy_(base)
         return ce_triton.loss_and_gradient_(work, labels)
 
+    kept = ce_triton.BLOCK, ce_triton.WARPS
     for block, warps in ((32768, 32), (16384, 32), (8192, 8)):
         ce_triton.BLOCK, ce_triton.WARPS = block, warps
         try:
@@ -60,6 +61,7 @@ def main():
     except ImportError:
         print("liger-kernel absent")
         return
+    ce_triton.BLOCK, ce_triton.WARPS = kept
     variants(base, labels, work, copy)
     liger = LigerCrossEntropyLoss(ignore_index=IGNORE)
 

@@ -65,6 +65,8 @@ def test_the_collate_leaves_out_only_a_mask_of_ones():
 
 
 def test_sliding_window_and_chunked_models_keep_transformers_masks():
+    from types import SimpleNamespace
+
     from transformers import Gemma2Config, LlamaConfig, MistralConfig
 
     from paratrain.models.causal_lm.attention import plain_causal
@@ -72,6 +74,9 @@ def test_sliding_window_and_chunked_models_keep_transformers_masks():
     assert plain_causal(LlamaConfig()) and plain_causal(MistralConfig(sliding_window=None))
     assert not plain_causal(MistralConfig(sliding_window=8))
     assert not plain_causal(Gemma2Config())  # alternating sliding and full layers
+    assert not plain_causal(SimpleNamespace(layer_types=["full_attention", "sliding_attention"]))
+    assert plain_causal(SimpleNamespace(layer_types=["full_attention"] * 2))
+    assert not plain_causal(SimpleNamespace(attention_chunk_size=8192))  # Llama 4
     model = build_causal_lm(None, "random", "tiny", "sdpa", torch.float32)
     model.config.sliding_window = 8  # as a Mistral checkpoint's config would have it
     assert not use_own_masks(model, decoder_of(model))

@@ -1,5 +1,6 @@
 """LoRA fine-tuning of a tiny random Llama in one process."""
 
+import copy
 import dataclasses
 import math
 
@@ -203,6 +204,10 @@ def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
     units = seen["work"].compile_units
     assert [type(u).__name__ for u in units] == ["LlamaModel", "ChunkLoss"]
     assert units[0]._compiled_call_impl is not None
+    rotary = units[0].rotary_emb  # eager inside the graph, bound to its own module
+    assert (
+        rotary.forward.__self__ is rotary and copy.deepcopy(rotary).forward.__self__ is not rotary
+    )
     c = decoder["summary"]["train_loss"]
     assert abs(a - c) < 1e-3 * abs(a), (a, c)
     ckpt = read_ckpt(last_checkpoint(tmp_path / "decoder"))
@@ -212,7 +217,8 @@ def test_compile_is_regional_and_trains_like_eager(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "settings, says",
     [
-        (["train.compile=true", "strategy=fsdp"], "one process or DDP"),
+        (["train.compile=true", "strategy=fsdp"], "one process (strategy single)"),
+        (["train.compile=true", "strategy=ddp-ds", "launch.nproc=2"], "DDP splits"),
         ([], "set train.compile=true"),
         (["train.compile=true", "model.name=tiny_cnn", "data.source=synthetic"], "task causal_lm"),
     ],

@@ -59,7 +59,7 @@ class TrainConfig:
     (the layers share one graph, compiled once), and a language model's final norm; decoder: a
     language model's whole decoder (embedding, every layer, final norm) as one graph, so
     inductor fuses across layer boundaries (one layer's residual add with the next one's norm),
-    for a longer compile. decoder: one process or DDP."""
+    for a longer compile. decoder: one process (strategy single)."""
     compile_options: dict[str, Any] = field(default_factory=dict)
     """Inductor settings applied on top of compile_mode's own (torch._inductor.list_mode_options),
     e.g. coordinate_descent_tuning: true or triton.cudagraphs: true; unknown names are refused."""

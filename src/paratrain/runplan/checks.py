@@ -67,8 +67,9 @@ def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
 
 
 def check_compile_scope(cfg, uses: frozenset[str], task: str) -> None:
-    """train.compile_scope=decoder: one graph over a language model's whole decoder, where no
-    wrapper reaches inside it (FSDP shards each layer, TP and pipelines cut it)."""
+    """train.compile_scope=decoder: one graph over a language model's whole decoder, in one
+    process (FSDP shards each layer, TP and pipelines cut it, and under DDP dynamo splits a
+    compiled graph at the gradient buckets, so it would not stay one graph)."""
     if cfg.train.compile_scope != "decoder":
         return
     why = None
@@ -76,10 +77,11 @@ def check_compile_scope(cfg, uses: frozenset[str], task: str) -> None:
         why = f"the decoder of a causal language model (task causal_lm); this is task {task}"
     elif not cfg.train.compile:
         why = "it says what train.compile compiles; set train.compile=true with it"
-    elif not uses <= {"single", "ddp"}:
+    elif uses != {"single"}:
         why = (
-            "one process or DDP: FSDP, tensor and pipeline parallelism work on the decoder's "
-            f"layers (this run uses {', '.join(sorted(uses))}); use compile_scope=blocks"
+            "one process (strategy single) for now: FSDP, tensor and pipeline parallelism work on "
+            "the decoder's layers, and DDP splits a compiled graph at its gradient buckets (this "
+            f"run uses {', '.join(sorted(uses))}); use compile_scope=blocks"
         )
     if why:
         raise ValueError(f"train.compile_scope: decoder: {why}")

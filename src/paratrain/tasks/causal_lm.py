@@ -4,6 +4,7 @@ instruction data or random tokens; next-token loss, held-out loss and perplexity
 from __future__ import annotations
 
 import math
+import types
 from pathlib import Path
 
 import torch
@@ -389,11 +390,13 @@ def compile_units(model, spec, scope: str, tp_enabled: bool) -> list:
     decoder = decoder_of(base_model(model))
     if scope == "decoder":
         rotary = getattr(decoder, "rotary_emb", None)  # Llama's layout; GPT-2 has none
-        if rotary is not None:
+        if rotary is not None and "forward" not in vars(rotary):
             # eager: in one graph inductor folds the cos / sin computation into every layer's
             # rotary kernels and recomputes it there (5.4 ms a step against 1.5 on the 1B
-            # shape, one H200); eager, the layers read one stored pair
-            rotary.forward = torch.compiler.disable(rotary.forward)
+            # shape, one H200); eager, the layers read one stored pair. Bound to the module
+            # itself, so a deepcopy rebinds to the copy and the model still pickles.
+            eager = torch.compiler.disable(type(rotary).forward)
+            rotary.forward = types.MethodType(eager, rotary)
         return [decoder, *loss_units(model, tp_enabled)]
     norm = [] if tp_enabled else [getattr(decoder, layout_of(model).norm)]
     return [*spec.blocks(model), *norm, *loss_units(model, tp_enabled)]

@@ -178,7 +178,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
                 "bf16 weights, their fp32 masters in AdamW: no per-matmul weight casts",
             )
         )
-    if on_gpu and (cfg.strategy in ("single", "auto") or cfg.strategy.startswith("ddp")):
+    if on_gpu and cfg.strategy in ("single", "auto"):
         # issue 34 (one H200, the 1B shape, with bf16 weights and the Triton loss): 1.098-1.104x
         # torchtitan against 1.094-1.097x per layer; refused (an invalid trial) without compile
         candidates.append(

@@ -72,7 +72,8 @@ if triton is not None:
         # compare and select on each of the row's 128,256 elements)
         tl.debug_barrier()
         own = tl.exp(target - lse) * scale - scale
-        tl.store(base + at, own.to(logits.dtype.element_ty))
+        # a label outside the vocabulary writes nothing (not into the next row)
+        tl.store(base + at, own.to(logits.dtype.element_ty), mask=(at >= 0) & (at < vocab))
 
 
 def loss_and_gradient_(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -120,10 +121,10 @@ class LinearCrossEntropy(torch.autograd.Function):
         hidden, weight, grad_logits = ctx.saved_tensors
         # A device scalar (no host read), applied in fp32 on the [tokens, hidden] side, the
         # smallest tensor of each product: in bf16, 1/3 (three accumulated micro-batches)
-        # would be 0.4% off.
+        # would be 0.2% off.
         scale = grad_loss.float()
         grad_hidden = (grad_logits @ weight).float().mul_(scale).to(hidden.dtype)
-        grad_weight = grad_logits.t() @ (hidden.float() * scale).to(hidden.dtype)
+        grad_weight = grad_logits.t() @ hidden.float().mul_(scale).to(hidden.dtype)
         return grad_hidden, grad_weight, None
 
 
