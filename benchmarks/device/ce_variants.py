@@ -9,22 +9,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from parts_bench import events  # the same CUDA-event timing (this folder)
+
 from paratrain.models.causal_lm import ce_triton
 
 IGNORE = -100
 N, V = 16_384, 128_256
-
-
-def events(fn, repeats=20):
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def main():
