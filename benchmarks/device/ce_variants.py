@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
 from parts_bench import events  # the same CUDA-event timing (this folder)
 
 from paratrain.models.causal_lm import ce_triton
