@@ -56,7 +56,9 @@ def main():
     for name, (ms, loss, grad) in rows.items():
         dl = (loss - ref_loss).abs().item()
         dg = (grad.float() - ref_grad.float()).abs().max().item()
-        print(f"{name:28s} {ms:7.3f} ms  loss {loss.item():.6f}  |dloss| {dl:.2e}  max|dgrad| {dg:.2e}")
+        print(
+            f"{name:28s} {ms:7.3f} ms  loss {loss.item():.6f}  |dloss| {dl:.2e}  max|dgrad| {dg:.2e}"
+        )
 
 
 if __name__ == "__main__":
