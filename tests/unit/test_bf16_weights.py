@@ -181,14 +181,23 @@ def test_run_trains_in_bf16_and_resumes_bit_for_bit(tmp_path):
         ("train.optimizer=sgd", "train.optimizer sgd"),
         ("lora.enabled=true", "not with lora"),
         ("strategy=fsdp", "FSDP's mixed precision"),
-        ("strategy=ddp-ds", "DDP would all-reduce bf16"),
+        ("strategy=tp", "tensor / pipeline parallelism are not covered"),
+        ("strategy=ddp-ds sync.mode=local_sgd train.max_grad_norm=null", "not their fp32 masters"),
+        ("strategy=ddp-ds ddp.gradient_compression=int8", "int8 is not covered"),
     ],
 )
 def test_refusals_name_the_key(setting, says):
-    cfg = load_config(None, [*LM, setting])
+    cfg = load_config(None, [*LM, *setting.split()])
     with pytest.raises(UserError) as e:
         resolve(cfg, given=("strategy",))
     assert str(e.value).startswith("train.bf16_weights:") and says in str(e.value)
+
+
+def test_ddp_is_taken():
+    """Under DDP the gradients are summed in fp32 (tests/distributed/test_bf16_weights_ddp.py)."""
+    for extra in ([], ["ddp.gradient_compression=bf16"]):
+        cfg = load_config(None, [*LM, "strategy=ddp-ds", *extra])
+        assert resolve(cfg, given=("strategy",)).layout.uses == {"ddp"}
 
 
 def test_an_image_task_is_refused_by_name():

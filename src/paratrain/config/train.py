@@ -25,8 +25,8 @@ class TrainConfig:
     """precision bf16 only: the model's trained weights held in bf16, their fp32 master copy in
     AdamW's state (Megatron-LM's and DeepSpeed's layout): no per-matmul casts of fp32 weights, a
     bf16 residual stream and bf16 gradients; one fused kernel a weight updates the master and
-    rounds it into the weight (Triton on CUDA). adamw only; one process (strategy single); not
-    with LoRA or float8."""
+    rounds it into the weight (Triton on CUDA). adamw only; one process or DDP (the ranks'
+    gradients summed in fp32); not with LoRA, float8, FSDP, TP or pipelines."""
     lr: float = 1e-3
     """Learning rate (constant, or the peak of the cosine schedule)."""
     momentum: float = 0.9

@@ -87,7 +87,7 @@ def parallelize(
             return inner, inner
         return apply_fsdp(inner, spec.blocks(model), mesh, policy, parallel.cpu_offload), inner
     if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
-        return apply_ddp(inner, device, ddp, link=link), inner
+        return apply_ddp(inner, device, ddp, link=link, fp32_sum=train.bf16_weights), inner
     if wrapper == "data-parallel":
         wrapped = apply_dp(inner, device)
         return wrapped, wrapped

@@ -23,11 +23,17 @@ def apply_dp(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def apply_ddp(
-    model: nn.Module, device: torch.device, ddp: DDPConfig | None = None, group=None, link=None
+    model: nn.Module,
+    device: torch.device,
+    ddp: DDPConfig | None = None,
+    group=None,
+    link=None,
+    fp32_sum: bool = False,
 ) -> nn.Module:
     """DDP over `group` (the mesh's data-parallel ranks; None: all of them). It broadcasts the
     group's first rank's weights at construction, then all-reduces gradients in buckets during
-    backward, overlapping communication with the rest of the backward pass."""
+    backward, overlapping communication with the rest of the backward pass. fp32_sum: bf16
+    gradients (train.bf16_weights) summed in fp32 unless ddp.gradient_compression says else."""
     ddp = ddp or DDPConfig()
     # Read by TorchDynamo when it first compiles the wrapped model, i.e. on the first step.
     torch._dynamo.config.optimize_ddp = ddp.split_compiled_graph
@@ -51,7 +57,7 @@ def apply_ddp(
         static_graph=ddp.static_graph,
         **{sync_kw: ddp.broadcast_buffers},
     )
-    register_compression(wrapped, ddp, group, link)
+    register_compression(wrapped, ddp, group, link, fp32_sum)
     # A gradient that comes back from a compiled backward in another layout than its
     # channels_last parameter is copied into DDP's bucket: correct, a little slower, and said
     # (as the warning itself says) "not an error". Kept out of the run's output.
@@ -60,26 +66,28 @@ def apply_ddp(
 
 
 def register_compression(
-    model: DistributedDataParallel, ddp: DDPConfig, group=None, link=None
+    model: DistributedDataParallel, ddp: DDPConfig, group=None, link=None, fp32_sum=False
 ) -> None:
     """ddp.gradient_compression as a DDP communication hook: it replaces the reducer's bucket
     all-reduce (and its division by the world size) with its own. `link` (a simulated slow link,
-    parallel/slowlink.py) delays each bucket's completion by its payload at the link's rate."""
+    parallel/slowlink.py) delays each bucket's completion by its payload at the link's rate.
+    fp32_sum: with no compression, bf16 buckets are summed in fp32 (fp32_sum_hook)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     kind = ddp.gradient_compression
+    wide = fp32_sum and kind == "none"
     hooks = {
-        "none": default_hooks.allreduce_hook,
+        "none": fp32_sum_hook if wide else default_hooks.allreduce_hook,
         "fp16": default_hooks.fp16_compress_hook,
         "bf16": default_hooks.bf16_compress_hook,
         "int8": int8_hook,
     }
-    if kind in hooks and (kind != "none" or link is not None):
+    if kind in hooks and (kind != "none" or link is not None or wide):
         hook = hooks[kind]
         if link is not None:
             import torch.distributed as dist
 
-            dtype = next(model.parameters()).dtype
+            dtype = torch.float32 if wide else next(model.parameters()).dtype
             n = dist.get_world_size(group)
             wire = n - 1 if kind == "int8" else 2 * (n - 1) / n  # all-gather / ring all-reduce
             hook = link.wrap_hook(hook, bytes_per_element(kind, dtype), wire)
@@ -91,6 +99,20 @@ def register_compression(
             start_powerSGD_iter=ddp.powersgd_start_step,
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def fp32_sum_hook(group, bucket):  # no annotation: DDP checks a real one, and ours is a string
+    """A bucket of bf16 gradients (train.bf16_weights) all-reduced in fp32 and rounded back to
+    bf16 once: each rank's gradient widened and divided by the world size, then summed, so the
+    mean has one bf16 rounding where a bf16 all-reduce would round after every addition of its
+    ring (the fp32 masters are there to keep such small differences). Twice a bf16 all-reduce's
+    bytes, as much as fp32 weights' gradients."""
+    import torch.distributed as dist
+
+    g = bucket.buffer()
+    wide = g.float().div_(dist.get_world_size(group))
+    fut = dist.all_reduce(wide, group=group, async_op=True).get_future()
+    return fut.then(lambda f: g.copy_(f.value()[0]))
 
 
 INT8_CHUNK = 512  # elements per int8 scale: 4 bytes of scale per 512 of payload (+0.8%)

@@ -56,14 +56,33 @@ def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
         why = "LoRA's frozen base is bf16 already and its adapters are small; not with lora"
     elif getattr(cfg.model, "fp8", "none") != "none":
         why = f"float8 layers cast fp32 weights themselves; not with model.fp8 {cfg.model.fp8}"
-    elif uses != {"single"}:
+    elif uses not in ({"single"}, {"ddp"}):
         why = (
-            "one process (strategy single) for now: DDP would all-reduce bf16 gradients, and "
-            f"FSDP's mixed precision keeps bf16 weights of its own (this run uses "
-            f"{', '.join(sorted(uses))})"
+            "one process or DDP: FSDP's mixed precision keeps fp32 shards and casts bf16 "
+            "copies for compute itself, and tensor / pipeline parallelism are not covered "
+            f"(this run uses {', '.join(sorted(uses))})"
         )
+    elif uses == {"ddp"}:
+        why = _bf16_weights_ddp(cfg)
     if why:
         raise ValueError(f"train.bf16_weights: {why}")
+
+
+def _bf16_weights_ddp(cfg) -> str | None:
+    """Under DDP the ranks' bf16 gradients are summed in fp32 (parallel/ddp.py); each rank's
+    masters then take the same step. Other sync modes average or apply the weights themselves,
+    which would leave the masters behind."""
+    if cfg.sync.mode != "every_step":
+        return (
+            f"sync.mode {cfg.sync.mode} averages the bf16 weights, not their fp32 masters; "
+            "use sync.mode=every_step"
+        )
+    if cfg.ddp.gradient_compression not in ("none", "bf16"):
+        return (
+            f"ddp.gradient_compression {cfg.ddp.gradient_compression} is not covered; none "
+            "(the gradients summed in fp32) or bf16 (as they are: half the bytes)"
+        )
+    return None
 
 
 def check_compile_scope(cfg, uses: frozenset[str], task: str) -> None:
