@@ -183,6 +183,8 @@ def test_run_trains_in_bf16_and_resumes_bit_for_bit(tmp_path):
         ("strategy=fsdp", "FSDP's mixed precision"),
         ("strategy=tp", "tensor / pipeline parallelism are not covered"),
         ("strategy=ddp-ds sync.mode=local_sgd train.max_grad_norm=null", "not their fp32 masters"),
+        ("strategy=ddp-ds sync.mode=stale train.max_grad_norm=null", "outside DDP's fp32 sum"),
+        ("strategy=split", "one process or DDP"),
         ("strategy=ddp-ds ddp.gradient_compression=int8", "int8 is not covered"),
     ],
 )

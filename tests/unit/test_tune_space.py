@@ -41,6 +41,10 @@ def test_default_space_follows_recipe_and_machine():
     assert full_gpu["train.compile_scope"] == ["blocks", "decoder"]
     fsdp = load_config("recipes/llama3.2_1b_full_random.yaml", ["strategy=fsdp"])
     assert "train.compile_scope" not in space.default_space(fsdp, gpus=1).names()
+    assert "train.bf16_weights" not in space.default_space(fsdp, gpus=1).names()
+    ddp = load_config("recipes/llama3.2_1b_full_random.yaml", ["strategy=ddp-ds"])
+    ddp_names = space.default_space(ddp, gpus=1).names()
+    assert "train.bf16_weights" in ddp_names and "train.compile_scope" not in ddp_names
     assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
     assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise", "delayed"]
     assert lm_gpu["train.fused_optimizer"] == [False, True]  # the guard's flag off the host

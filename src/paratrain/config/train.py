@@ -26,7 +26,8 @@ class TrainConfig:
     AdamW's state (Megatron-LM's and DeepSpeed's layout): no per-matmul casts of fp32 weights, a
     bf16 residual stream and bf16 gradients; one fused kernel a weight updates the master and
     rounds it into the weight (Triton on CUDA). adamw only; one process or DDP (the ranks'
-    gradients summed in fp32); not with LoRA, float8, FSDP, TP or pipelines."""
+    gradients summed in fp32; sync.mode every_step, ddp.gradient_compression none or bf16);
+    not with LoRA, float8, FSDP, TP, pipelines or split."""
     lr: float = 1e-3
     """Learning rate (constant, or the peak of the cosine schedule)."""
     momentum: float = 0.9

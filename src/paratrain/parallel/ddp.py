@@ -87,10 +87,10 @@ def register_compression(
         if link is not None:
             import torch.distributed as dist
 
-            dtype = torch.float32 if wide else next(model.parameters()).dtype
+            size = wire_bytes(ddp, next(model.parameters()).dtype, fp32_sum)
             n = dist.get_world_size(group)
             wire = n - 1 if kind == "int8" else 2 * (n - 1) / n  # all-gather / ring all-reduce
-            hook = link.wrap_hook(hook, bytes_per_element(kind, dtype), wire)
+            hook = link.wrap_hook(hook, size, wire)
         model.register_comm_hook(group, hook)
     elif kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(
@@ -113,6 +113,19 @@ def fp32_sum_hook(group, bucket):  # no annotation: DDP checks a real one, and o
     wide = g.float().div_(dist.get_world_size(group))
     fut = dist.all_reduce(wide, group=group, async_op=True).get_future()
     return fut.then(lambda f: g.copy_(f.value()[0]))
+
+
+def broadcast_masters(masters: dict, group=None) -> None:
+    """train.bf16_weights' fp32 masters made the group's first rank's on every rank, as DDP
+    made the bf16 weights at construction: each rank derived its masters from its own fp32
+    weights before that, and a rank whose weights differed would otherwise step from its own
+    master and write it back into the weights. One broadcast a tensor, at start-up (a flat
+    copy would hold every master twice)."""
+    import torch.distributed as dist
+
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    for master in masters.values():
+        dist.broadcast(master, src=src, group=group)
 
 
 INT8_CHUNK = 512  # elements per int8 scale: 4 bytes of scale per 512 of payload (+0.8%)
@@ -156,6 +169,13 @@ def bytes_per_element(kind: str, dtype: torch.dtype) -> float | None:
     on every matrix's shape and the rank."""
     size = torch.tensor([], dtype=dtype).element_size()
     return {"none": size, "fp16": 2, "bf16": 2, "int8": 1 + 4 / INT8_CHUNK}.get(kind)
+
+
+def wire_bytes(ddp: DDPConfig, dtype: torch.dtype, fp32_sum: bool = False) -> float | None:
+    """What each gradient element costs in DDP's all-reduce: bytes_per_element of what travels,
+    fp32 where fp32_sum_hook widens bf16 gradients (train.bf16_weights, no compression)."""
+    wide = fp32_sum and ddp.gradient_compression == "none"
+    return bytes_per_element(ddp.gradient_compression, torch.float32 if wide else dtype)
 
 
 def rank_local_buffers(model: nn.Module) -> list[str]:

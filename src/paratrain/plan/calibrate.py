@@ -125,6 +125,14 @@ def measure_step(
     return first
 
 
+def wire_bytes(config: dict) -> float | None:
+    """A gradient's bytes in DDP's all-reduce where they are not its own: bf16 weights' bf16
+    gradients are summed in fp32 unless ddp.gradient_compression says otherwise."""
+    bf16_weights = (config.get("train") or {}).get("bf16_weights")
+    plain = (config.get("ddp") or {}).get("gradient_compression", "none") == "none"
+    return 4.0 if bf16_weights and plain else None
+
+
 def from_result(result: dict) -> Calibration:
     """A calibration from one run's result.json: the measured step split by the profiled
     phases (their GPU kernel time on GPUs, host time on the CPU), the model state's bytes as
@@ -154,6 +162,7 @@ def from_result(result: dict) -> Calibration:
         params=params,
         param_bytes=weights / max(params, 1),
         grad_bytes=state["gradient_bytes"] / max(trainable, 1),
+        wire_bytes=wire_bytes(result.get("config") or {}),
         optim_bytes=state["optimizer_bytes"] / max(trainable, 1),
         activation_bytes=max(s["peak_memory_bytes"] - kept, 0.0),
         largest_block_params=state["largest_block_parameters"],

@@ -130,7 +130,7 @@ class Plan:
                 "--inter-node-gbps"
             )
         grads = calibrate.from_result(self.result(1))
-        size = int(min(BUCKET, grads.trained * grads.grad_bytes))
+        size = int(min(BUCKET, grads.trained * grads.ddp_grad_bytes))
         for n in wide:
             if n not in self.buses:
                 print(f"plan: all-reduce of {size / 2**20:,.1f} MiB on {n} processes", flush=True)

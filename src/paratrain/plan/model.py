@@ -54,10 +54,16 @@ class Calibration:
     tokens_per_micro: int = 0
     micro_batches: int = 1  # gradient accumulation: micro-batches per optimizer step
     act_elem_bytes: float = 2.0  # bf16 / fp16 activations; 4 in fp32
+    wire_bytes: float | None = None  # a gradient's bytes in DDP's all-reduce, where not its
+    # own size: train.bf16_weights' bf16 gradients are summed in fp32 (parallel/ddp.py)
 
     @property
     def compute_s(self) -> float:
         return self.forward_s + self.backward_s + self.optimizer_s + self.other_s
+
+    @property
+    def ddp_grad_bytes(self) -> float:
+        return self.grad_bytes if self.wire_bytes is None else self.wire_bytes
 
     @property
     def trained(self) -> int:
@@ -106,7 +112,7 @@ def comm_bytes(strategy: str, cal: Calibration, n: int, every: int = 1) -> float
     if strategy == "pp":
         return 0.0
     if strategy == "ddp":
-        return ring(n) * grads
+        return ring(n) * cal.trained * cal.ddp_grad_bytes
     if strategy == "fsdp":
         return shard(n) * (2 * params + grads)
     if strategy in ("local_sgd", "diloco"):
@@ -128,7 +134,7 @@ def step_time(
     bw = bus_gbps * 1e9
     comm = comm_bytes(strategy, cal, n, every) / bw if n > 1 else 0.0
     if strategy == "ddp":
-        last = min(bucket_bytes, cal.trained * cal.grad_bytes) * ring(n) / bw if n > 1 else 0.0
+        last = min(bucket_bytes, cal.trained * cal.ddp_grad_bytes) * ring(n) / bw if n > 1 else 0.0
         exposed = max(comm - cal.backward_s, 0.0) + min(last, comm)
     elif strategy == "fsdp":
         exposed = max(comm - cal.forward_s - cal.backward_s, 0.0)

@@ -70,11 +70,17 @@ def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
 
 def _bf16_weights_ddp(cfg) -> str | None:
     """Under DDP the ranks' bf16 gradients are summed in fp32 (parallel/ddp.py); each rank's
-    masters then take the same step. Other sync modes average or apply the weights themselves,
-    which would leave the masters behind."""
-    if cfg.sync.mode != "every_step":
+    masters then take the same step. The other sync modes average the weights (which would
+    leave the masters behind) or all-reduce the gradients themselves."""
+    mode = cfg.sync.mode
+    if mode in ("local_sgd", "diloco"):
         return (
-            f"sync.mode {cfg.sync.mode} averages the bf16 weights, not their fp32 masters; "
+            f"sync.mode {mode} averages the bf16 weights, not their fp32 masters; "
+            "use sync.mode=every_step"
+        )
+    if mode != "every_step":
+        return (
+            f"sync.mode {mode} all-reduces the gradients itself, outside DDP's fp32 sum; "
             "use sync.mode=every_step"
         )
     if cfg.ddp.gradient_compression not in ("none", "bf16"):

@@ -17,7 +17,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
 from paratrain.parallel.apply import parallelize, step_context
-from paratrain.parallel.ddp import bytes_per_element
+from paratrain.parallel.ddp import broadcast_masters, wire_bytes
 from paratrain.parallel.pipeline import (
     build_schedule,
     cut_stage,
@@ -62,6 +62,8 @@ def setup(plan, env: pg.DistEnv) -> Run:
     masters = bf16_weights(work, cfg.train)  # before anything wraps or compiles the model
     link = slow_link(cfg, env)
     model, eval_model, parts, pipe, split = lay_out(plan, env, dims, work, policy, link)
+    if masters and plan.layout.wrapper == "ddp" and env.world_size > 1:
+        broadcast_masters(masters)  # DDP broadcast the weights; their masters follow
     # from here, dropout and friends differ per data-parallel rank (a tp group shares a stream)
     seed_all(cfg.seed + dims.dp_rank)
     params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters
@@ -95,7 +97,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
         sync=build_sync(
             cfg.sync,
             params,
-            bytes_per_element(cfg.ddp.gradient_compression, params[0].dtype)
+            wire_bytes(cfg.ddp, params[0].dtype, cfg.train.bf16_weights)
             if wrapper == "ddp" and env.world_size > 1 and params
             else None,
             link=link,
