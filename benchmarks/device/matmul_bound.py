@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from parts_bench import events  # the same CUDA-event timing (this folder)
 
 SHAPES = {
     # name: tokens, hidden, q, kv, ffn, vocab, layers, heads, kv_heads, trains_weights
@@ -64,25 +65,21 @@ SMALL = {
 
 
 def timer(dev):
-    """Median milliseconds of fn over repeats: CUDA events on the GPU, the wall clock on CPU."""
+    """Median milliseconds of fn over repeats: CUDA events on the GPU (parts_bench's events),
+    the wall clock on CPU."""
+
+    def wall(fn, repeats):
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return sorted(times)[len(times) // 2]
 
     def run(fn, repeats=10, warm=3):
         for _ in range(warm):
             fn()
-        times = []
-        for _ in range(repeats):
-            if dev == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                t = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t) * 1e3)
-        return sorted(times)[len(times) // 2]
+        return (events if dev == "cuda" else wall)(fn, repeats)
 
     return run
 
