@@ -84,15 +84,15 @@ def test_lora_sends_only_the_trained_gradients():
 
 def test_bf16_weights_send_fp32_gradients_under_ddp():
     # train.bf16_weights: 2-byte gradients held (memory), 4 bytes a gradient in DDP's sum
-    from paratrain.plan.calibrate import wire_bytes
+    from paratrain.plan.calibrate import ddp_wire_bytes
 
-    wide = wire_bytes({"train": {"bf16_weights": True}, "ddp": {"gradient_compression": "none"}})
-    assert wide == 4.0
-    assert (
-        wire_bytes({"train": {"bf16_weights": True}, "ddp": {"gradient_compression": "bf16"}})
-        is None
+    wide = ddp_wire_bytes(
+        {"train": {"bf16_weights": True}, "ddp": {"gradient_compression": "none"}}
     )
-    assert wire_bytes({"train": {"bf16_weights": False}}) is None
+    assert wide == 4.0
+    sent_bf16 = {"train": {"bf16_weights": True}, "ddp": {"gradient_compression": "bf16"}}
+    assert ddp_wire_bytes(sent_bf16) == 2.0
+    assert ddp_wire_bytes({"train": {"bf16_weights": False}}) is None
     bf16 = Calibration(0.1, 0.2, 0.01, params=100_000_000, grad_bytes=2.0, wire_bytes=wide)
     assert comm_bytes("ddp", bf16, 2) == 400e6  # 100 M x 4 bytes x 2(N-1)/N
     assert bf16.state_bytes == 400e6 + 100e6 * (2 + 8)  # the 2-byte gradients in memory

@@ -125,12 +125,18 @@ def measure_step(
     return first
 
 
-def wire_bytes(config: dict) -> float | None:
-    """A gradient's bytes in DDP's all-reduce where they are not its own: bf16 weights' bf16
-    gradients are summed in fp32 unless ddp.gradient_compression says otherwise."""
-    bf16_weights = (config.get("train") or {}).get("bf16_weights")
-    plain = (config.get("ddp") or {}).get("gradient_compression", "none") == "none"
-    return 4.0 if bf16_weights and plain else None
+def ddp_wire_bytes(config: dict) -> float | None:
+    """A gradient's bytes in DDP's all-reduce where they are not its own size: train.bf16_weights'
+    bf16 gradients travel as parallel/ddp.py's wire_bytes says (fp32 unless compressed)."""
+    if not (config.get("train") or {}).get("bf16_weights"):
+        return None
+    import torch
+
+    from paratrain.config.parallel import DDPConfig
+    from paratrain.parallel.ddp import wire_bytes
+
+    kind = (config.get("ddp") or {}).get("gradient_compression", "none")
+    return wire_bytes(DDPConfig(gradient_compression=kind), torch.bfloat16, fp32_sum=True)
 
 
 def from_result(result: dict) -> Calibration:
@@ -162,7 +168,7 @@ def from_result(result: dict) -> Calibration:
         params=params,
         param_bytes=weights / max(params, 1),
         grad_bytes=state["gradient_bytes"] / max(trainable, 1),
-        wire_bytes=wire_bytes(result.get("config") or {}),
+        wire_bytes=ddp_wire_bytes(result.get("config") or {}),
         optim_bytes=state["optimizer_bytes"] / max(trainable, 1),
         activation_bytes=max(s["peak_memory_bytes"] - kept, 0.0),
         largest_block_params=state["largest_block_parameters"],
