@@ -54,14 +54,9 @@ SHAPES = {
         weights=True,
     ),
 }
-SMALL = {
-    "lora_8b": dict(
-        m=64, h=64, q=64, kv=16, ff=128, v=256, layers=2, b=2, heads=4, kv_heads=2, weights=False
-    ),
-    "full_1b": dict(
-        m=64, h=64, q=64, kv=16, ff=128, v=256, layers=2, b=2, heads=4, kv_heads=2, weights=True
-    ),
-}
+# the CPU check's shape: each workload's own trains_weights flag on one tiny model
+TINY = dict(m=64, h=64, q=64, kv=16, ff=128, v=256, layers=2, b=2, heads=4, kv_heads=2)
+SMALL = {name: {**TINY, "weights": s["weights"]} for name, s in SHAPES.items()}
 
 
 def timer(dev):
