@@ -95,6 +95,13 @@ def assert_same_step_float64(model, ref, batch: int = 2, side: int = 40) -> None
         assert torch.allclose(a.grad, b.grad, rtol=1e-9, atol=1e-9)
 
 
+def same_plan(plan) -> dict:
+    """A plan as resolving its saved config again gives it: notes said once, and each lever by
+    its value (decided by auto the first time, as set in the config.yaml that records it)."""
+    d = plan.to_dict()
+    return {**d, "notes": [], "levers": {c["key"]: c["value"] for c in d["levers"]}}
+
+
 def read_result(run_dir) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
 

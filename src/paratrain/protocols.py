@@ -88,6 +88,42 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """What the plan's automatic levers see of this machine (runplan/levers.py)."""
+
+    device: str
+    """cuda or cpu."""
+    capability: tuple[int, int] | None = None
+    """The first GPU's compute capability ((9, 0): H100, H200)."""
+    triton: bool = False
+    """Triton imports here (inductor's GPU kernels and paratrain's own need it)."""
+    gpu: str = ""
+
+    @property
+    def kernels(self) -> bool:
+        """paratrain's Triton kernels run here as measured: a GPU of compute capability 8.0+
+        (bf16 tensor cores) with Triton."""
+        return self.device == "cuda" and self.triton and (self.capability or (0, 0)) >= (8, 0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One lever as the plan settles it."""
+
+    key: str
+    """The dotted config key (train.compile, model.kernels, ...)."""
+    value: Any
+    reason: str
+    """One short line: why this value here (with the results file behind it, where measured)."""
+    by: str
+    """auto (decided by the plan), plain (levers=plain) or set (given explicitly: it wins)."""
+
+
+def no_levers(cfg: Any, layout: Layout, machine: Machine) -> dict[str, tuple[Any, str]]:
+    return {}
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """What a task's build gets on each rank."""
 
@@ -136,6 +172,13 @@ class Task:
     refusals: dict[str, str] = field(default_factory=dict)
     """Why it does not train with a layout, where more can be said than that it does not
     ({"tp": "..."}): the refusal's line."""
+    compiles: bool = True
+    """Its models compile well enough for train.compile=auto to switch compile on (on a GPU with
+    Triton); false: compiled only when asked (a GAN's two models, the user's own module)."""
+    levers: Callable[[Any, Layout, Machine], dict[str, tuple[Any, str]]] = no_levers
+    """(config, layout, machine) -> {dotted key: (value, reason)}: the automatic levers this
+    task knows best (CUDA graphs for its batches, its kernels), read after train.compile is
+    decided; a key it leaves out takes the plain setting (runplan/levers.py)."""
 
 
 @dataclass(frozen=True)

@@ -313,14 +313,15 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
     assert {r.label for r in more.runs} == {
         "transformers + peft",
         "transformers + peft + Liger",
+        "transformers + peft, compiled",
         "paratrain compile + chunked loss + fp8 tensorwise",
         "paratrain compiled, fp8 tensorwise",
         "paratrain compiled + fused AdamW, fp8 tensorwise",
         "paratrain compiled + fused AdamW + CUDA graphs, fp8 tensorwise",
         "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head",
     }
-    # two variants on 1 and 2 GPUs, five on 1 GPU only (their own grid), x 3 repeats
-    assert len(more.runs) == (2 * 2 + 5) * 3
+    # two variants on 1 and 2 GPUs, six on 1 GPU only (their own grid), x 3 repeats
+    assert len(more.runs) == (2 * 2 + 6) * 3
     # repeat 0 is the run already stored: a report then has three to take the median of
     assert {r.key for r in more.runs if r.repeat == 0} < {r.key for r in base.runs}
     # "=label" keeps the one row of that label, not the rows whose labels contain it
@@ -351,6 +352,7 @@ def test_the_fastest_recipe_is_what_the_speed_sweep_measured():
     # the sweep's short runs: 60 steps, no evaluation, no checkpoint, no progress bar
     short_run = {"train.max_steps", "train.warmup_steps", "train.eval", "checkpoint.at_end"}
     short_run.add("launch.nproc")  # the sweep's axis; --nproc on the command line
+    short_run.add("launch.one_process")  # one rank (the sweep's nproc=1) runs in one process
     short_run.add("launch.cpu_threads")  # a sweep gives all its runs the same
     differ = [
         f"{section}.{key}"

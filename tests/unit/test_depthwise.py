@@ -107,7 +107,12 @@ def test_stem_conv_swaps_the_one_channel_stem_only():
     with pytest.raises(UserError, match="model.stem_conv"):
         apply_depthwise_conv(rgb, cfg.model)
     with pytest.raises(ValueError, match="stem_conv: depthwise needs"):
-        load_config(None, ["model.stem_conv=depthwise"])
+        load_config(None, ["model.stem_conv=depthwise", "model.depthwise_conv=native"])
+    # left at auto, the depthwise layers are the plan's: on this CPU native, so refused there
+    from paratrain.runplan import plan_of
+
+    with pytest.raises(ValueError, match="stem_conv: depthwise needs"):
+        plan_of(None, ["model.stem_conv=depthwise"])
 
 
 def test_strided_layers_can_take_their_own_min_side():

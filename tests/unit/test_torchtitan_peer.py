@@ -35,7 +35,7 @@ def test_ffn_sizing_gives_the_shape_hidden_size(dim, hidden):
 
 
 def test_model_args_and_command_follow_the_config():
-    cfg = load_config(RECIPE)
+    cfg = load_config(RECIPE, ["train.compile=true", "train.fused_optimizer=true"])
     args = tt.model_args(cfg)
     assert (args["dim"], args["n_layers"], args["n_heads"], args["n_kv_heads"]) == (2048, 16, 32, 8)
     assert args["vocab_size"] == 128256
@@ -193,7 +193,7 @@ def test_v03_command_names_the_config_function_and_v02_keeps_its_flags():
 
 
 def test_v03_settings_follow_the_config():
-    s = tt.settings_v03(load_config(RECIPE))
+    s = tt.settings_v03(load_config(RECIPE, ["train.compile=true", "train.fused_optimizer=true"]))
     assert s["shape"] == {
         "dim": 2048,
         "n_layers": 16,

@@ -2,7 +2,15 @@
 
 import pytest
 
-from paratrain.config import load_config
+from paratrain.config import load_config as load_raw
+from paratrain.config import plain_levers
+
+
+def load_config(recipe, overrides=None):
+    """A recipe as a plan on a machine without GPUs gives it: its levers plain."""
+    return plain_levers(load_raw(recipe, overrides))
+
+
 from paratrain.errors import ConfigError
 from paratrain.tune import output, space
 from paratrain.tune.search import Search, Trial, TuneArgs, guard_loss, trial_overrides
@@ -48,10 +56,38 @@ def test_default_space_follows_recipe_and_machine():
     assert lm_gpu["model.loss_chunk_tokens"] == [0, 1024]
     assert lm_gpu["model.fp8"][1:] == ["rowwise", "tensorwise", "delayed"]
     assert lm_gpu["train.fused_optimizer"] == [False, True]  # the guard's flag off the host
-    # the fastest recipe already holds most levers: only what differs is left
+    # the fastest recipe already holds the input levers: only what differs is left
     fast = load_config("recipes/mnist_sample_mobilenetv2_fastest.yaml")
     left = space.default_space(fast, gpus=1).names()
-    assert "data.resize_on" not in left and space.current(fast, "compile") == "reduce-overhead"
+    assert "data.resize_on" not in left
+
+
+def test_tune_starts_from_the_plans_automatic_levers(monkeypatch):
+    """On a GPU with Triton the plan's auto choices are each lever's baseline, first in its
+    values: a trial that keeps them all is the recipe as the plan runs it."""
+    import paratrain.launch
+    import paratrain.runplan as runplan
+    from paratrain.protocols import Machine
+    from paratrain.runplan import levers, plan_of
+
+    monkeypatch.setattr(levers, "machine_of", lambda device: Machine("cuda", (9, 0), True, "H100"))
+    monkeypatch.setattr(runplan, "device_of", lambda cfg: "cuda")
+    monkeypatch.setattr(paratrain.launch, "default_nproc", lambda several: 1)
+    fast = plan_of("recipes/mnist_sample_mobilenetv2_fastest.yaml").config
+    gpu = {lv.key: lv.values for lv in space.default_space(fast, gpus=1).levers}
+    assert (
+        gpu["compile"][0] == "reduce-overhead"
+        and space.current(fast, "compile") == gpu["compile"][0]
+    )
+    assert gpu["model.depthwise_conv"][0] == "triton" and gpu["model.batchnorm"] == [
+        "triton",
+        "native",
+    ]
+    assert "train.fused_optimizer" not in gpu or gpu["train.fused_optimizer"][0] is True
+    full = plan_of("recipes/llama3.2_1b_full_random.yaml").config
+    full_gpu = {lv.key: lv.values for lv in space.default_space(full, gpus=1).levers}
+    assert full_gpu["train.bf16_weights"][0] is True
+    assert full_gpu["train.compile_scope"][0] == "decoder"
 
 
 def test_space_file_and_keep(tmp_path):

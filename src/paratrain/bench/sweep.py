@@ -249,8 +249,10 @@ def _variant_runs(
         grid = {**{k: v for k, v in cli_grid.items() if k not in grid}, **grid}
     where = f"sweep.variants[{i}].grid" if "grid" in variant else "sweep.grid"
     runs = []
+    # a reference program runs what its config names and nothing paratrain would decide
+    plain = [] if program == "paratrain" else ["levers=plain"]
     for point in _grid_points(grid, where):
-        overrides = common + extra + _as_overrides(point, "sweep.grid")
+        overrides = plain + common + extra + _as_overrides(point, "sweep.grid")
         plan = resolve(
             load_config(recipe_path, [f"name={name}", *overrides]),
             given=[parse_override(o)[0] for o in overrides],

@@ -9,6 +9,7 @@ place, paratrain.runplan.resolve.
 """
 
 from paratrain.config.keys import all_keys, describe_keys, field_docs, for_task, to_yaml
+from paratrain.config.levers import PLAIN, plain_levers
 from paratrain.config.parse import (
     from_dict,
     load_config,
@@ -20,6 +21,8 @@ from paratrain.config.parse import (
 from paratrain.config.run import RunConfig, Strategy, TaskName
 
 __all__ = [
+    "PLAIN",
+    "plain_levers",
     "RunConfig",
     "Strategy",
     "TaskName",

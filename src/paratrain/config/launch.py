@@ -17,6 +17,12 @@ class LaunchConfig:
     """This node's rank (torchrun --node-rank)."""
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous for multi-node runs (torchrun --rdzv-endpoint)."""
+    one_process: bool | Literal["auto"] = "auto"
+    """A ddp-* run (or strategy auto) that comes to one rank: true / auto trains it in this
+    process, as strategy single (no torchrun, no DDP wrapper: the same arithmetic without a
+    launcher and a reducer); false keeps both, to measure DDP itself. auto keeps them where
+    the run asks something of DDP or torchrun (restarts, sync modes, gradient compression,
+    SyncBatchNorm, a simulated link)."""
     max_restarts: int = 0
     """Times the elastic agent restarts failed workers (resume from the newest checkpoint)."""
     cpu_threads: int | None = None

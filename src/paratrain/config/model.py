@@ -49,8 +49,8 @@ class ModelConfig:
     """Image model under DDP (ddp-*): its BatchNorm layers become torch.nn.SyncBatchNorm, whose
     statistics are those of the whole batch over every rank (so N ranks at batch b normalise as
     one process at N x b does). GPUs only: torch's SyncBatchNorm has no CPU kernels."""
-    depthwise_conv: Literal["native", "shift-add", "triton"] = "native"
-    """Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
+    depthwise_conv: Literal["auto", "native", "shift-add", "triton"] = "auto"
+    """auto: triton for MobileNetV2 on a GPU with Triton (measured there), else native. Image model: depthwise convolutions through PyTorch (cuDNN on GPUs), or, on inputs of at
     least shift_add_min_side pixels, as shifted multiply-adds that torch.compile fuses
     (models/depthwise.py; needs train.compile), or as paratrain's Triton kernels, one pass over
     each tensor forward and backward (models/depthwise_triton.py; GPUs; without one, PyTorch's
@@ -66,19 +66,22 @@ class ModelConfig:
     34, call 21) paratrain's Triton kernels beat cuDNN's at stride 2 at every size MobileNetV2
     has (144 channels at 125 px: 0.91 against 1.00 ms), but not at stride 1 below 200 px; set to 0
     beside Triton everywhere else, the whole MobileNetV2 step ran 1.01x (calls 27-28)."""
-    stem_conv: Literal["native", "depthwise"] = "native"
-    """Image model with depthwise_conv shift-add or triton: a convolution from one input channel
+    stem_conv: Literal["auto", "native", "depthwise"] = "auto"
+    """auto: depthwise beside auto's Triton depthwise layers on one-channel images, else native.
+    Image model with depthwise_conv shift-add or triton: a convolution from one input channel
     (the stem on grayscale images: MobileNetV2's 1 -> 32 on MNIST) in that form too, from
     shift_add_min_side pixels up. Each output channel convolves the one input channel with its
     own weight, a depthwise convolution of the input broadcast over channels. On H200 at
     500x500, cuDNN ran this layer with a layout conversion and a generic kernel."""
-    batchnorm: Literal["native", "triton"] = "native"
-    """Image model: BatchNorm2d layers (and a ReLU / ReLU6 right after one) through PyTorch, or in
+    batchnorm: Literal["auto", "native", "triton"] = "auto"
+    """auto: triton beside auto's Triton depthwise layers (MobileNetV2 on a GPU), else native.
+    Image model: BatchNorm2d layers (and a ReLU / ReLU6 right after one) through PyTorch, or in
     training through paratrain's Triton kernels over channels_last tensors, the activation inside
     (models/batchnorm_triton.py; GPUs; without one, the same arithmetic in torch). Not with
     model.sync_batchnorm."""
-    kernels: Literal["none", "liger", "liger-loss", "triton-loss"] = "none"
-    """Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
+    kernels: Literal["auto", "none", "liger", "liger-loss", "triton-loss"] = "auto"
+    """auto: triton-loss for a causal language model's full training on a GPU with Triton (no
+    float8, tensor or pipeline parallelism), else none. Language model on CUDA (pip install liger-kernel): liger swaps in Liger-Kernel's Triton
     kernels (RMSNorm, RoPE, SwiGLU) and its fused linear cross-entropy; liger-loss only the fused
     cross-entropy (with train.compile, which fuses the rest itself). triton-loss: paratrain's
     cross-entropy kernel over the whole logits, which writes the loss's gradient in forward
@@ -95,10 +98,12 @@ class ModelConfig:
     (Transformer Engine's default recipe; models/causal_lm/fp8_delayed.py): the fastest on one
     H200 (docs/precision.md). Not with FSDP or pipeline stages; the histories are not
     checkpointed, so a resumed run's first step scales as tensorwise does."""
-    fp8_lm_head: bool = False
+    fp8_lm_head: bool | Literal["auto"] = "auto"
     """Language model with model.fp8: lm_head multiplies in float8 too (the logits' matmul, about
-    a fifth of the Llama-3.2-1B shape's FLOPs). Off by default, as torchao and torchtitan advise:
-    the logits then carry float8's rounding; compare the loss curve before keeping it."""
+    a fifth of the Llama-3.2-1B shape's FLOPs): the logits then carry float8's rounding. auto:
+    on with model.fp8 (asking for float8 is the opt-in; measured 0.12-0.13% from the bf16 loss
+    curves), unless the chunked or a fused loss or tensor parallelism is used; false keeps the
+    logits in bf16, as torchao and torchtitan advise."""
 
     def __post_init__(self) -> None:
         if self.init == "random" and self.path is None and self.shape is None:
@@ -106,7 +111,7 @@ class ModelConfig:
                 "shape: init=random needs a shape (llama3-8b, llama3.2-1b, tiny, gpt2, tiny-gpt2) "
                 "or a path"
             )
-        if self.fp8_lm_head and self.fp8 == "none":
+        if self.fp8_lm_head is True and self.fp8 == "none":
             raise ValueError("fp8_lm_head: needs model.fp8 (tensorwise, rowwise or delayed)")
         if self.stem_conv == "depthwise" and self.depthwise_conv == "native":
             raise ValueError("stem_conv: depthwise needs model.depthwise_conv shift-add or triton")

@@ -62,6 +62,13 @@ class RunConfig:
     for launch.nproc > 1, when none is set)."""
     precision: Precision = "fp32"
     """Arithmetic: fp64, fp32 (IEEE), tf32 (CUDA tensor cores), fp16 (autocast + GradScaler), bf16 (autocast)."""
+    levers: Literal["auto", "plain"] = "auto"
+    """The speed levers left at auto (compile and its mode and scope, the fused optimizer, bf16
+    weights, the fused loss, the image kernels, channels_last, cudnn_benchmark, one process for
+    one rank): auto lets the plan decide each for this machine and model, printing what it chose
+    and why (runplan/levers.py); plain gives each PyTorch's plain setting, as the seed's scripts
+    run. A value set explicitly wins either way. Levers that change the numerics beyond noise
+    (float8, gradient compression, sync modes, batch sizes) are never decided: the plan hints."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """auto takes CUDA when a GPU is visible, else the CPU (gloo for several processes)."""
     seed: int = 0

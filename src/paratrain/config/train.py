@@ -18,11 +18,13 @@ class TrainConfig:
     """sgd (with momentum) or adamw; adamw8bit / adamw4bit / adamw-fp8: AdamW with its two
     states held in 8 bits, 4 bits or float8 (torchao.optim: block-wise scaled, 2 / 1 / 2 bytes
     per parameter instead of 8), what lets a large model's full training fit on fewer GPUs."""
-    fused_optimizer: bool = False
+    fused_optimizer: bool | Literal["auto"] = "auto"
     """The optimizer's fused implementation (one kernel per parameter group and step, fewer
-    launches) instead of PyTorch's default foreach one; same update."""
-    bf16_weights: bool = False
-    """precision bf16 only: the model's trained weights held in bf16, their fp32 master copy in
+    launches) instead of PyTorch's default foreach one; same update. auto: fused on a GPU for
+    sgd and adamw (runplan/levers.py)."""
+    bf16_weights: bool | Literal["auto"] = "auto"
+    """auto: on for a causal language model's full training in bf16 with adamw on a GPU with
+    Triton (one process or DDP), else off. precision bf16 only: the model's trained weights held in bf16, their fp32 master copy in
     AdamW's state (Megatron-LM's and DeepSpeed's layout): no per-matmul casts of fp32 weights, a
     bf16 residual stream and bf16 gradients; one fused kernel a weight updates the master and
     rounds it into the weight (Triton on CUDA). adamw only; one process or DDP (the ranks'
@@ -47,16 +49,22 @@ class TrainConfig:
     """Micro-batches per optimizer step; DDP all-reduces only on the last one (no_sync)."""
     activation_checkpointing: bool = False
     """Recompute the trunk's activations in backward instead of storing them (less memory, more time)."""
-    channels_last: bool = False
-    """NHWC memory layout for conv nets; faster with tensor cores on CUDA."""
-    compile: bool = False
-    """torch.compile the model before wrapping it for data parallelism."""
+    channels_last: bool | Literal["auto"] = "auto"
+    """NHWC memory layout for conv nets; faster with tensor cores on CUDA. auto: on for
+    paratrain's and timm's image models on a GPU."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the model before wrapping it for data parallelism. auto: on a GPU with
+    Triton, for the tasks whose models compile (language models, image models; not a GAN's or
+    your own module from Python), except pipeline stages."""
     compile_mode: Literal[
-        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-    ] = "default"
-    """torch.compile mode; reduce-overhead and max-autotune replay CUDA graphs (fewer launches)."""
-    compile_scope: Literal["blocks", "decoder"] = "blocks"
-    """What one graph holds. blocks: each repeated block compiled in place, as torchtitan does
+        "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = "auto"
+    """torch.compile mode; reduce-overhead and max-autotune replay CUDA graphs (fewer launches).
+    auto: reduce-overhead where the task's batches keep one shape and CUDA graphs were measured
+    to pay (image models; LoRA on fixed-length rows), else default."""
+    compile_scope: Literal["auto", "blocks", "decoder"] = "auto"
+    """What one graph holds. auto: decoder for a causal language model's full training in one
+    process on a GPU, else blocks. blocks: each repeated block compiled in place, as torchtitan does
     (the layers share one graph, compiled once), and a language model's final norm; decoder: a
     language model's whole decoder (embedding, every layer, final norm) as one graph, so
     inductor fuses across layer boundaries (one layer's residual add with the next one's norm),
@@ -68,8 +76,9 @@ class TrainConfig:
     """Attention kernel scaled_dot_product_attention tries first (language models, sdpa); the
     others stay behind it as fallbacks. auto keeps PyTorch's order; cudnn is cuDNN's fused
     attention (Hopper)."""
-    cudnn_benchmark: bool = False
-    """Let cuDNN time its algorithms once per input shape and keep the fastest."""
+    cudnn_benchmark: bool | Literal["auto"] = "auto"
+    """Let cuDNN time its algorithms once per input shape and keep the fastest. auto: on for
+    image models on a GPU (one image size), unless train.deterministic."""
     deterministic: bool = False
     """Deterministic kernels only (torch.use_deterministic_algorithms); for exact reproducibility."""
     warmup_steps: int = 5
@@ -122,11 +131,12 @@ class TrainConfig:
         """torch.compile's keywords: its mode alone, or (torch.compile takes a mode or options,
         not both) the mode's own settings with compile_options over them. cuda_graphs=False:
         the same without CUDA graphs (for a unit re-run in backward, see parallel/apply.py)."""
+        mode = "default" if self.compile_mode == "auto" else self.compile_mode  # not resolved
         if not self.compile_options and cuda_graphs:
-            return {"mode": self.compile_mode}
+            return {"mode": mode}
         from torch._inductor import list_mode_options
 
-        options = {**list_mode_options(self.compile_mode), **self.compile_options}
+        options = {**list_mode_options(mode), **self.compile_options}
         if not cuda_graphs:
             options["triton.cudagraphs"] = False
         return {"options": options}

@@ -126,7 +126,7 @@ def timm_builder(name: str) -> Callable[..., nn.Module]:
 def apply_depthwise_conv(model: nn.Module, cfg: ModelConfig) -> None:
     """model.depthwise_conv=shift-add / triton: swap the depthwise layers (models/depthwise.py,
     models/depthwise_triton.py)."""
-    if cfg.depthwise_conv != "native":
+    if cfg.depthwise_conv not in ("native", "auto"):  # auto: not decided (no plan) is native
         from paratrain.models.depthwise import (
             ShiftAddDepthwise,
             is_depthwise,

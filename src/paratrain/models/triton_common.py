@@ -14,6 +14,9 @@ except ImportError:  # pragma: no cover - the layers' torch arithmetic needs non
     triton = None
     tl = None
 
+block_index = None  # a Triton function where Triton is installed (below); without it the
+# modules that import it still import, and their layers take their torch arithmetic
+
 if triton is not None:
 
     @triton.jit

@@ -6,6 +6,8 @@ The only place where
   source; conflicts are refused in one line: sources.py);
 - a strategy name becomes degrees on the mesh, a data-parallel wrapper and a sampler
   (strategies.py);
+- the speed levers left at auto are decided for this machine, each with its reason (levers.py,
+  with what the task declares it knows best: Task.levers);
 - settings of different owners are checked against each other, and against what the task
   declares it trains with (checks.py).
 
@@ -24,8 +26,8 @@ from typing import Any
 
 from paratrain.config import RunConfig, from_dict
 from paratrain.errors import ConfigError, UserError
-from paratrain.protocols import Layout
-from paratrain.runplan import checks, sources, strategies
+from paratrain.protocols import Choice, Layout
+from paratrain.runplan import checks, levers, sources, strategies
 from paratrain.runplan.sources import DataSource, ModelSource
 from paratrain.tasks import resolve_task
 
@@ -52,6 +54,10 @@ class RunPlan:
     data: DataSource
     notes: tuple[str, ...] = ()
     """What the plan changed from the recipe, said once at the start of the run."""
+    levers: tuple[Choice, ...] = ()
+    """Each speed lever as settled: decided here (auto), plain (levers=off) or as set."""
+    hints: tuple[str, ...] = ()
+    """Faster settings that change the numerics: named with their measured factor, not taken."""
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -66,6 +72,7 @@ class RunPlan:
         out = dataclasses.asdict(self)
         out["layout"]["uses"] = sorted(self.layout.uses)
         out["notes"] = list(self.notes)
+        out["hints"] = list(self.hints)
         return out
 
     @classmethod
@@ -79,6 +86,8 @@ class RunPlan:
                 "model": ModelSource(**d["model"]),
                 "data": DataSource(**d["data"]),
                 "notes": tuple(d["notes"]),
+                "levers": tuple(Choice(**c) for c in d.get("levers", ())),
+                "hints": tuple(d.get("hints", ())),
             }
         )
 
@@ -122,6 +131,8 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         checks.check_pipeline(cfg)
     multiprocess = strategy not in strategies.ONE_PROCESS
     nproc, world = world_of(cfg, multiprocess, world)
+    strategy, layout_choice = levers.one_process(cfg, strategy, world)
+    multiprocess = strategy not in strategies.ONE_PROCESS
     degrees = strategies.degrees_for(cfg, strategy, world)
     wrapper = strategies.wrapper_for(strategy, degrees)
     layout = Layout(
@@ -133,6 +144,10 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     )
     device = device_of(cfg)
     checks.check_supported(task, layout, strategy, cfg.precision)
+    machine = levers.machine_of(device)
+    chosen = [layout_choice] if layout_choice else []
+    chosen += levers.decide(cfg, task, layout, machine)
+    cfg = from_dict(RunConfig, cfg.to_dict())  # the leaves' checks on the levers' values
     checks.check_sync_batchnorm(cfg, wrapper, device)
     checks.check_clipping(cfg, device)
     checks.check_bf16_weights(cfg, layout.uses, task.name)
@@ -156,6 +171,8 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         model=sources.describe_model(cfg, task.model_keys),
         data=sources.describe_data(cfg, task.name),
         notes=tuple(notes),
+        levers=tuple(chosen),
+        hints=tuple(levers.hints(cfg, task.name, machine)),
     )
 
 

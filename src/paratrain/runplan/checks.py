@@ -178,7 +178,7 @@ def check_pipeline(cfg) -> None:
             "train.max_grad_norm: a pipeline's stages hold parts of the norm; not clipped yet"
         )
     mb = cfg.pipeline.microbatches
-    if cfg.train.compile:
+    if cfg.train.compile is True:  # auto leaves pipeline stages eager
         raise ValueError(
             "train.compile: not with strategy=pipeline yet (parallel.pp > 1); set it false"
         )

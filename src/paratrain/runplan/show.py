@@ -18,7 +18,29 @@ def lines(plan, built: dict | None = None) -> list[str]:
         ("precision", precision_line(plan)),
     ]
     out += [("note", note) for note in plan.notes]
+    out += lever_lines(plan)
+    out += [("hint", hint) for hint in plan.hints]
     return [f"  {key:<10} {text}" for key, text in out]
+
+
+def lever_lines(plan) -> list[tuple[str, str]]:
+    """The levers the plan switched on, each with its reason; the rest in one line (plan.json
+    holds every one with its reason)."""
+    on = [c for c in plan.levers if c.by == "auto" and c.value not in (False, "none", "native")]
+    on = [c for c in on if (c.key, c.value) != ("train.compile_mode", "default")]
+    on = [c for c in on if (c.key, c.value) != ("train.compile_scope", "blocks")]
+    out = [("lever", f"{c.key}={value_text(c.value)}: {c.reason}") for c in on]
+    plain = [c for c in plan.levers if c.by in ("auto", "plain") and c not in on]
+    if plain and not on and len({c.reason for c in plain}) == 1:  # a CPU, levers=plain
+        out.append(("levers", f"plain ({plain[0].reason})"))
+    elif plain:
+        text = ", ".join(c.key.split(".")[1] for c in plain)
+        out.append(("plain", f"{text} (plan.json says why each)"))
+    return out
+
+
+def value_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def model_line(plan, built: dict) -> str:

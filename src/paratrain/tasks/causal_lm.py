@@ -29,6 +29,7 @@ from paratrain.models.causal_lm.loss import (
 )
 from paratrain.models.causal_lm.spec import CausalLMSpec, base_model, check_parallel
 from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
+from paratrain.tasks import lm_levers
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs (max_steps decides)
 
@@ -436,4 +437,5 @@ TASK = Task(
     counts_tokens=True,
     model_keys="huggingface",
     describes="tokens -> next-token loss, held-out loss and perplexity",
+    levers=lm_levers.levers,
 )

@@ -210,4 +210,5 @@ TASK = Task(
     build=build,
     model_keys="python",
     describes="your model, data sets and loss from paratrain.train",
+    compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
 )

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.config.data import IMAGE_SOURCES
+from paratrain.config.model import IMAGE_MODELS
 from paratrain.data.device import DeviceLoader
 from paratrain.data.loader import build_data
 from paratrain.data.sources import find_mnist_files
@@ -16,7 +17,7 @@ from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.models import build_model, resolve_builder
 from paratrain.models.vision import VisionSpec
-from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload
+from paratrain.protocols import BuildContext, Layout, Machine, PipelineHooks, Task, Workload
 
 
 def check(cfg, layout: Layout) -> None:
@@ -28,6 +29,86 @@ def check(cfg, layout: Layout) -> None:
             "model.depthwise_conv: shift-add is written for torch.compile to fuse (eagerly "
             "it is slower than native); set train.compile=true"
         )
+
+
+RESULTS = "benchmarks/results/2026-12-03-h200x1/issue34/"  # MobileNetV2 at 500 px, calls 27-37
+
+
+def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str]]:
+    """train.compile=auto's companions for image models on a GPU (runplan/levers.py): NHWC,
+    cuDNN's timed algorithms, CUDA graphs (every batch one shape: the loader drops the last
+    partial one), and for MobileNetV2 on large images paratrain's Triton depthwise, stem and
+    BatchNorm kernels, as measured together (4.16-4.26x the seed's script on one H200)."""
+    if machine.device != "cuda":
+        return {}
+    m, t = cfg.model, cfg.train
+    conv = m.name in IMAGE_MODELS or m.name.startswith("timm:")
+    out: dict[str, tuple[object, str]] = {
+        "train.channels_last": (conv, "NHWC feeds cuDNN's tensor-core convolutions directly")
+        if conv
+        else (False, "your builder's model may not be a conv net; set it true if it is"),
+        "train.cudnn_benchmark": (True, "one image size: cuDNN times its algorithms once")
+        if not t.deterministic
+        else (False, "train.deterministic: cuDNN's timed picks may differ between runs"),
+    }
+    graphs = t.compile is True and t.grad_accum_steps == 1 and not t.activation_checkpointing
+    out["train.compile_mode"] = (
+        (
+            "reduce-overhead",
+            "every batch has one shape: CUDA graphs replay the step's kernels without "
+            "launching each (1,836 against 1,781 img/s, benchmarks/results/2026-11-30-h200x2/)",
+        )
+        if graphs
+        else ("default", "CUDA graphs need a compiled step of one micro-batch, no recompute")
+    )
+    out.update(image_kernels(cfg, layout, machine))
+    return out
+
+
+def image_kernels(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str]]:
+    """paratrain's Triton depthwise / stem / BatchNorm kernels where they were measured to pay:
+    MobileNetV2, bf16, a GPU with Triton, images from model.shift_add_min_side pixels up."""
+    m, d = cfg.model, cfg.data
+    side = d.image_size or (d.synthetic_size if d.source == "synthetic" else 28)
+    why = None
+    if m.name != "mobilenet_v2":
+        why = f"measured on MobileNetV2's depthwise layers only, not {m.name}"
+    elif not machine.kernels:
+        why = "paratrain's Triton kernels need a GPU of compute capability 8.0+ with Triton"
+    elif cfg.precision != "bf16":
+        why = f"measured in bf16, not {cfg.precision}"
+    elif side < m.shift_add_min_side:
+        why = f"{side} px images: below model.shift_add_min_side={m.shift_add_min_side}"
+    elif not layout.uses <= {"single", "ddp"}:
+        why = "measured in one process and under DDP only"
+    elif cfg.train.channels_last is False:
+        why = "the Triton kernels read channels_last tensors"
+    if why:
+        return {k: (PLAIN_KERNELS[k], why) for k in PLAIN_KERNELS}
+    out: dict[str, tuple[object, str]] = {
+        "model.depthwise_conv": (
+            "triton",
+            f"cuDNN's depthwise kernels are slow from {m.shift_add_min_side} px up; one pass "
+            f"over each tensor instead ({RESULTS})",
+        ),
+        "model.batchnorm": (
+            "triton",
+            "BatchNorm + ReLU6 as two passes over the channels_last tensor",
+        )
+        if not m.sync_batchnorm
+        else ("native", "model.sync_batchnorm takes PyTorch's BatchNorm"),
+    }
+    gray = (d.channels or (3 if d.source == "imagefolder" else 1)) == 1
+    out["model.stem_conv"] = (
+        ("depthwise", "the one-channel stem as a depthwise pass (cuDNN's needs a layout change)")
+        if gray
+        else ("native", "the stem reads 3 channels")
+    )
+    return out
+
+
+PLAIN_KERNELS = {"model.depthwise_conv": "native", "model.stem_conv": "native"}
+PLAIN_KERNELS["model.batchnorm"] = "native"
 
 
 def preflight(cfg, layout: Layout, cuda: bool) -> None:
@@ -152,6 +233,7 @@ TASK = Task(
     preflight=preflight,
     build=build,
     describes="images -> class scores, cross-entropy, held-out accuracy",
+    levers=levers,
     refusals={
         "tp": "tensor parallelism splits language models' projections; image models train "
         "with ddp, fsdp, pipeline or split"

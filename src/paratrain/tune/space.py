@@ -94,7 +94,9 @@ def _lever(cfg: RunConfig, key: str, values: list[Any], why: str) -> Lever | Non
 
 
 Candidate = tuple[str, list[Any], str]
-"""(key, values to try beside the recipe's, why): a lever before the recipe's value joins it."""
+"""(key, values to try beside the recipe's, why): the recipe's value as the plan settles it
+(the auto choice, on this machine) comes first, so a tune measures its gain over auto; the
+plain value is among the others, so auto's choice is measured against it too."""
 
 
 def _input_candidates(on_gpu: bool, image: bool) -> list[Candidate]:
@@ -110,7 +112,7 @@ def _input_candidates(on_gpu: bool, image: bool) -> list[Candidate]:
     else:
         candidates.append(("precision", ["fp32", "bf16"], "autocast precision"))
     if image:
-        candidates.append(("train.channels_last", [True], "NHWC tensors for convolutions"))
+        candidates.append(("train.channels_last", [True, False], "NHWC tensors for convolutions"))
     return candidates
 
 
@@ -129,7 +131,7 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
         candidates.append(
             (
                 "model.depthwise_conv",
-                ["shift-add", "triton"],
+                ["shift-add", "triton", "native"],
                 "depthwise convolutions as compiled shift-adds or paratrain's Triton kernels",
             )
         )
@@ -138,7 +140,7 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
         candidates.append(
             (
                 "model.stem_conv",
-                ["depthwise"],
+                ["depthwise", "native"],
                 "a one-channel stem in the depthwise form (issue 34, call 24: 1.04x)",
             )
         )
@@ -146,19 +148,19 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
         candidates.append(
             (
                 "model.batchnorm",
-                ["triton"],
+                ["triton", "native"],
                 "BatchNorm + ReLU6 as paratrain's Triton kernels over channels_last tensors",
             )
         )
     if image:
-        candidates.append(("train.cudnn_benchmark", [True], "cuDNN picks its fastest kernels"))
+        candidates.append(("train.cudnn_benchmark", [True, False], "cuDNN picks its fastest kernels"))
     if cfg.train.optimizer == "adamw":  # fused SGD has no DTensor rule under tensor parallelism
         # 8B LoRA on one H200 (issue 34's profile): with foreach AdamW the NaN guard read its
         # flag on the host, and the host waited 47 ms a step with the GPU queue drained
         candidates.append(
             (
                 "train.fused_optimizer",
-                [True],
+                [True, False],
                 "the optimizer in one kernel; the NaN guard's verdict stays on the device",
             )
         )
@@ -176,7 +178,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
         candidates.append(
             (
                 "train.bf16_weights",
-                [True],
+                [True, False],
                 "bf16 weights, their fp32 masters in AdamW: no per-matmul weight casts",
             )
         )
@@ -186,7 +188,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
         candidates.append(
             (
                 "train.compile_scope",
-                ["decoder"],
+                ["decoder", "blocks"],
                 "the whole decoder as one compiled graph: fusions across layer boundaries",
             )
         )
@@ -201,7 +203,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
         candidates.append(
             (
                 "model.kernels",
-                ["liger-loss", "liger", "triton-loss"],
+                ["liger-loss", "liger", "triton-loss", "none"],
                 "Liger's fused cross-entropy (liger-loss) or all its kernels (liger), or "
                 "paratrain's Triton loss (its gradient written in forward)",
             )

@@ -55,7 +55,9 @@ def read_plan(program: str):
     if len(sys.argv) != 3:
         fail(f"usage: python -m paratrain.bench.peers.{program} CONFIG_YAML OUT_DIR")
     try:
-        return resolve(load_config(sys.argv[1])), Path(sys.argv[2])
+        cfg = load_config(sys.argv[1])
+        cfg.levers = "plain"  # a reference program decides nothing (a sweep's config: settled)
+        return resolve(cfg), Path(sys.argv[2])
     except UserError as e:  # ConfigError is a UserError: already one line
         fail(str(e))
 

@@ -8,6 +8,7 @@ JobConfig and imports the peer's spec through `--experimental.custom_import` (to
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -15,7 +16,7 @@ import re
 
 import torch
 
-from paratrain.config import RunConfig, load_config
+from paratrain.config import RunConfig, load_config, plain_levers
 
 # What the torchtitan peer runs; anything else exits 2 before any work.
 SUPPORTED_PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
@@ -68,6 +69,7 @@ def installed_version() -> str | None:
 def unsupported(cfg: RunConfig, version: str | None = None) -> str | None:
     """Why torchtitan cannot run this config as paratrain does, or None (`version`: the
     installed torchtitan's, for what only one of its interfaces needs)."""
+    cfg = plain_levers(copy.deepcopy(cfg))  # a lever left at auto: torchtitan's plain run
     if cfg.task not in ("causal_lm", "auto") or cfg.data.source != "synthetic-text":
         return "runs the causal_lm task on data.source=synthetic-text"
     if cfg.model.path is not None or cfg.model.shape is None or cfg.lora.enabled:
@@ -167,6 +169,7 @@ def settings_v03(cfg: RunConfig) -> dict:
     cadence of the 0.2 peer's command line. Everything not here is torchtitan's default, and so
     is what torchtitan_v03 names in `defaults_kept`: CUDA graphs over forward+backward, its
     FlexAttention, its chunked cross-entropy, its SPMD backend, what it compiles."""
+    cfg = plain_levers(copy.deepcopy(cfg))  # a lever left at auto: torchtitan's plain run
     t = cfg.train
     fp8 = None
     if cfg.model.fp8 != "none":
@@ -221,7 +224,7 @@ def command_args_v03(dump_folder: str) -> list[str]:
 
 
 def run_config() -> RunConfig:
-    return load_config(os.environ["PARATRAIN_TT_CONFIG"])
+    return plain_levers(load_config(os.environ["PARATRAIN_TT_CONFIG"]))
 
 
 def token_rows(cfg: RunConfig, length: int) -> torch.Tensor:
@@ -241,6 +244,7 @@ def command_args(cfg: RunConfig, dump_folder: str, version: str | None = "0.2") 
     optimizer, clipping, compile and float8 as paratrain's config. torchtitan always clips
     (max_norm); paratrain without max_grad_norm is matched by an infinite norm (the norm is
     still computed and the gradients multiplied by 1)."""
+    cfg = plain_levers(copy.deepcopy(cfg))  # a lever left at auto: torchtitan's plain run
     if api(version) == "v03":
         return command_args_v03(dump_folder)
     t = cfg.train
