@@ -19,7 +19,7 @@ def rate(metrics: dict) -> float | None:
 def main() -> None:
     db, out = sys.argv[1], sys.argv[2]
     ref = sys.argv[3] if len(sys.argv) > 3 else None
-    pairs = [p.split("=", 1) for p in sys.argv[4:]]
+    pairs = [p.rsplit("=", 1) for p in sys.argv[4:]]  # a label may hold "="
     rows = {}
     for label, status, error, metrics, result in sqlite3.connect(db).execute(
         "select label, status, error, metrics, result from runs order by started_at"

@@ -4,16 +4,14 @@ import pytest
 
 from paratrain.config import load_config as load_raw
 from paratrain.config import plain_levers
+from paratrain.errors import ConfigError
+from paratrain.tune import output, space
+from paratrain.tune.search import Search, Trial, TuneArgs, guard_loss, trial_overrides
 
 
 def load_config(recipe, overrides=None):
     """A recipe as a plan on a machine without GPUs gives it: its levers plain."""
     return plain_levers(load_raw(recipe, overrides))
-
-
-from paratrain.errors import ConfigError
-from paratrain.tune import output, space
-from paratrain.tune.search import Search, Trial, TuneArgs, guard_loss, trial_overrides
 
 
 def test_default_space_follows_recipe_and_machine():

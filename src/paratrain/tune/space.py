@@ -153,7 +153,9 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
             )
         )
     if image:
-        candidates.append(("train.cudnn_benchmark", [True, False], "cuDNN picks its fastest kernels"))
+        candidates.append(
+            ("train.cudnn_benchmark", [True, False], "cuDNN picks its fastest kernels")
+        )
     if cfg.train.optimizer == "adamw":  # fused SGD has no DTensor rule under tensor parallelism
         # 8B LoRA on one H200 (issue 34's profile): with foreach AdamW the NaN guard read its
         # flag on the host, and the host waited 47 ms a step with the GPU queue drained
