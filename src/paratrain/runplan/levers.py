@@ -62,9 +62,11 @@ def one_process(cfg, strategy: str, world: int) -> tuple[str, Choice | None]:
     arithmetic without torchrun's launch and DDP's reducer) -> (strategy, its Choice)."""
     key, asked = "launch.one_process", cfg.launch.one_process
     if world != 1 or not strategy.startswith("ddp"):
-        if asked == "auto":
-            put(cfg, key, False)
-        return strategy, None
+        if asked != "auto":
+            return strategy, Choice(key, asked, "as set", "set")
+        put(cfg, key, False)
+        why = f"{world} ranks" if world != 1 else f"{strategy} runs one process already"
+        return strategy, Choice(key, False, why, "auto" if cfg.levers == "auto" else "plain")
     needs = [f"{k} ({why})" for k, asks, why in NEEDS_DDP if asks(cfg)]
     if asked is True and needs:
         raise ValueError(f"{key}: true, but {needs[0]}; set it false or drop that setting")

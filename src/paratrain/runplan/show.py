@@ -31,8 +31,10 @@ def lever_lines(plan) -> list[tuple[str, str]]:
     on = [c for c in on if (c.key, c.value) != ("train.compile_scope", "blocks")]
     out = [("lever", f"{c.key}={value_text(c.value)}: {c.reason}") for c in on]
     plain = [c for c in plan.levers if c.by in ("auto", "plain") and c not in on]
-    if plain and not on and len({c.reason for c in plain}) == 1:  # a CPU, levers=plain
-        out.append(("levers", f"plain ({plain[0].reason})"))
+    if plain and not on:  # a CPU, levers=plain: the reason most of them share
+        reasons = [c.reason for c in plain]
+        common = max(set(reasons), key=reasons.count)
+        out.append(("levers", f"plain ({common}; plan.json says why each)"))
     elif plain:
         text = ", ".join(c.key.split(".")[1] for c in plain)
         out.append(("plain", f"{text} (plan.json says why each)"))
