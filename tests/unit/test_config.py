@@ -251,3 +251,24 @@ def test_recipes_in_repo_all_load():
 def test_config_error_is_value_error():
     with pytest.raises(ConfigError):
         load_config(None, ["data.shuffle=2"])
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("train.lerning_rate", "did you mean train.lr? (learning_rate elsewhere)"),
+        ("train.learning_rate", "did you mean train.lr?"),
+        ("train.num_epochs", "did you mean train.epochs?"),
+        ("train.batch_size", "did you mean data.batch_size?"),
+        ("data.epochs", "did you mean train.epochs?"),
+        ("train.gradient_accumulation_steps", "did you mean train.grad_accum_steps?"),
+        ("train.bf16", "did you mean precision (precision=bf16)?"),
+        ("train.lrr", "did you mean lr?"),
+    ],
+)
+def test_a_misspelt_key_or_another_tools_name_points_to_paratrains_key(key, says):
+    """issue 50: the nearest key, another group's key of that name, or paratrain's key for what
+    other tools call it (HF Trainer's learning_rate, Lightning's max_epochs)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}=1"])
+    assert says in str(e.value) and "accepted keys" in str(e.value)

@@ -221,3 +221,27 @@ def test_a_tiny_llama_learns_the_python_docs(tmp_path):
     s = train(cfg)["summary"]
     assert s["val_loss"] < 4.5  # bytes: ln(256) = 5.5 at random; real text is learnable
     assert json.loads((tmp_path / "result.json").read_text())["data_real"] is True
+
+
+def test_a_bad_jsonl_line_is_named_by_the_files_own_line_number(tmp_path):
+    """issue 50: a bad line 37 was reported as `line 1 column 60`, an array on line 37 as a
+    record missing its fields, and an empty file by a data.max_length message."""
+    import re
+
+    from paratrain.lm.data import read_records
+
+    good = json.dumps({"instruction": "a", "input": "", "output": "b"})
+    cases = {
+        "bad.jsonl": ([good] * 36 + ['{"instruction": "x", oops}'], "line 37: not JSON"),
+        "array.jsonl": ([good] * 36 + ['["an", "array"]'], "line 37: an array, not a record"),
+        "empty.jsonl": ([], "is empty (no records)"),
+        "empty.json": (["  "], "is empty (no records)"),
+    }
+    for name, (lines, says) in cases.items():
+        f = tmp_path / name
+        f.write_text("\n".join(lines))
+        with pytest.raises(DataError, match=re.escape(says)):
+            read_records(str(f))
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(good + "\n\n" + good + "\n")
+    assert len(read_records(str(ok))) == 2

@@ -188,3 +188,25 @@ def test_the_plan_resolves_to_itself_from_its_saved_config(tmp_path):
     assert same_plan(again) == same_plan(plan)
     plan.save(tmp_path / "plan.json")
     assert RunPlan.load(tmp_path / "plan.json") == plan
+
+
+def test_resuming_a_finished_run_says_so_and_exits_0(tmp_path, capsys):
+    """issue 50: `--resume` of a run that finished is no error; with more steps it trains on."""
+    out = tmp_path / "run"
+    common = ["--set", "train.max_steps=2", "--set", "data.limit_samples=64"]
+    common += [
+        "--set",
+        "log.progress=false",
+        "--set",
+        "strategy=single",
+        "--set",
+        "data.num_workers=0",
+    ]
+    assert main(["run", str(RECIPES / "tiny_cpu.yaml"), "--output-dir", str(out), *common]) == 0
+    capsys.readouterr()
+    for where in (out, out / "checkpoints" / "step_00000002"):
+        assert main(["run", "--resume", str(where)]) == 0
+        said = capsys.readouterr().out
+        assert "is a finished run (2 steps" in said and "train.max_steps" in said
+    assert main(["run", "--resume", str(out), "--set", "train.max_steps=3"]) == 0
+    assert json.loads((out / "result.json").read_text())["summary"]["optimizer_steps"] == 3

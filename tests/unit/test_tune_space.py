@@ -154,3 +154,15 @@ def test_tuned_recipe_reads_back(tmp_path):
     assert tuned.model.name == "mobilenet_v2" and tuned.data.image_size == 500
     ranked = output.ranked([Trial(3, {}, {}, status="numerics", throughput=5e3), best, baseline])
     assert [t.index for t in ranked] == [5, 1, 3]
+
+
+def test_a_dry_run_lists_the_levers_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """issue 50: `tune --dry-run` left paratrain-results.db in the current folder."""
+    from conftest import RECIPES
+
+    from paratrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", str(RECIPES / "tiny_cpu.yaml"), "--dry-run"]) == 0
+    assert "compile: off, default" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []

@@ -40,6 +40,10 @@ def command(args: argparse.Namespace) -> int:
         os.environ["PARATRAIN_VERBOSE"] = "1"
     recipe, overrides = args.recipe, args.overrides + _flag_overrides(args)
     if recipe is None and args.resume:  # the run's own config, the overrides on top
+        done = None if args.overrides else finished_run(args.resume)
+        if done:  # nothing left to train: said, not an error
+            print(done, flush=True)
+            return 0
         recipe, overrides = resumed_run(args.resume, args.output_dir, overrides, args.overrides)
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
     plan = plan_of(recipe, overrides)
@@ -49,6 +53,28 @@ def command(args: argparse.Namespace) -> int:
     from paratrain.runner import execute
 
     return execute(plan)
+
+
+def finished_run(resume: str) -> str | None:
+    """The line for `--resume` of a run folder that finished (its result.json is written only
+    at the end), or None."""
+    import json
+    from pathlib import Path
+
+    path = Path(resume)
+    found = (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file())
+    folder = next(found, None)
+    if folder is None or not (folder / "result.json").is_file():
+        return None
+    result = folder / "result.json"
+    try:
+        steps = json.loads(result.read_text())["summary"]["optimizer_steps"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (
+        f"paratrain: {folder} is a finished run ({steps} steps; its result.json): nothing to "
+        "resume. To train on, give more steps: --set train.max_steps=N (or train.epochs)"
+    )
 
 
 def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str]):

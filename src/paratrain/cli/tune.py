@@ -89,7 +89,7 @@ def command(args: argparse.Namespace) -> int:
         min_gain=args.min_gain,
         reference_precision=args.reference_precision,
         trial_timeout_s=args.trial_timeout,
-        db=Path(args.db),
+        db=None if args.dry_run else Path(args.db),  # a dry run writes no results DB
         out=Path(args.out or f"runs/tune-{Path(args.recipe).stem}"),
         sets=list(args.set),
         progress=not args.no_progress,
@@ -109,6 +109,7 @@ def command(args: argparse.Namespace) -> int:
     best, base = found["best"], found["baseline"]
     print(
         f"paratrain tune: best {best.label}: {best.throughput:,.1f} vs {base.throughput:,.1f} "
+        f"for the recipe as the plan runs it, its levers at auto "
         f"({best.throughput / base.throughput:.2f}x); recipe {written['recipe']}, all trials "
         f"{written['json']}"
     )

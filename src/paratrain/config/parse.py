@@ -189,9 +189,10 @@ def error_line(cls: type, err: dict) -> str:
         return f"{key}.{message}" if key else message
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         known = _field_names(cls, path[:-1])
-        return f"{key}: unknown key{_did_you_mean(path[-1], known)}; accepted keys: " + ", ".join(
-            sorted(known)
-        )
+        word = path[-1]
+        exact = f"; did you mean {ALIASES[word]}? ({word} elsewhere)" if word in ALIASES else ""
+        hint = exact or _did_you_mean(word, known) or _elsewhere(cls, path)
+        return f"{key}: unknown key{hint}; accepted keys: " + ", ".join(sorted(known))
     if kind == "literal_error":
         choices = re.findall(r"'([^']*)'", err["ctx"]["expected"])
         hint = _did_you_mean(str(value), choices) if isinstance(value, str) else ""
@@ -199,6 +200,74 @@ def error_line(cls: type, err: dict) -> str:
     if kind in EXPECTED:
         return f"{key}: {EXPECTED[kind]}, got {value!r}"
     return f"{key}: {err['msg']}, got {value!r}"
+
+
+# What other tools (HF Trainer, Lightning, torchtitan, nanoGPT, peft) call a setting, and
+# paratrain's key for it: a key from there, or misspelt like one, is pointed here.
+ALIASES = {
+    "learning_rate": "train.lr",
+    "num_epochs": "train.epochs",
+    "num_train_epochs": "train.epochs",
+    "max_epochs": "train.epochs",
+    "epoch": "train.epochs",
+    "steps": "train.max_steps",
+    "max_iters": "train.max_steps",
+    "per_device_train_batch_size": "data.batch_size",
+    "train_batch_size": "data.batch_size",
+    "micro_batch_size": "data.batch_size",
+    "local_batch_size": "data.batch_size",
+    "gradient_accumulation_steps": "train.grad_accum_steps",
+    "accumulate_grad_batches": "train.grad_accum_steps",
+    "gradient_checkpointing": "train.activation_checkpointing",
+    "optim": "train.optimizer",
+    "lr_scheduler_type": "train.lr_schedule",
+    "lr_scheduler": "train.lr_schedule",
+    "scheduler": "train.lr_schedule",
+    "clip_grad_norm": "train.max_grad_norm",
+    "gradient_clip_val": "train.max_grad_norm",
+    "max_norm": "train.max_grad_norm",
+    "torch_compile": "train.compile",
+    "dataloader_num_workers": "data.num_workers",
+    "dataloader_pin_memory": "data.pin_memory",
+    "max_seq_length": "data.max_length",
+    "seq_len": "data.max_length",
+    "block_size": "data.max_length",
+    "model_name_or_path": "model.path",
+    "lora_r": "lora.r",
+    "rank": "lora.r",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "bf16": "precision (precision=bf16)",
+    "fp16": "precision (precision=fp16)",
+    "mixed_precision": "precision",
+    "num_gpus": "launch.nproc",
+    "nproc_per_node": "launch.nproc",
+    "devices": "launch.nproc",
+}
+
+
+def _elsewhere(cls: type, path: list[str]) -> str:
+    """A key of another group (train.batch_size: data.batch_size), or close to another tool's
+    name for a setting (lerning_rate: train.lr)."""
+    word = path[-1]
+    groups = [f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(_hint(cls, f))]
+    others = [g for g in groups if [g] != path[:-1]]
+    for cutoff in (1.0, None):  # the same name in another group first, then a close one
+        for group in others:
+            names = _field_names(cls, [group])
+            found = [word] if word in names else []
+            if cutoff is None:
+                found = difflib.get_close_matches(word, names, 1, 0.85)
+            if found:
+                return f"; did you mean {group}.{found[0]}?"
+        close = difflib.get_close_matches(word, list(ALIASES), n=1, cutoff=0.8)
+        if cutoff is None and close:
+            return f"; did you mean {ALIASES[close[0]]}? ({close[0]} elsewhere)"
+    return ""
+
+
+def _hint(cls: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(cls)[f.name]
 
 
 def _field_names(cls: type, path: list[str]) -> list[str]:

@@ -43,10 +43,14 @@ def read_records(path: str, split: str = "train") -> list[dict]:
 
                 return pq.read_table(p).to_pylist()
             text = p.read_text()
+            if not text.strip():
+                raise DataError(f"data.path: {p} is empty (no records)")
             if p.suffix == ".jsonl":
-                return [json.loads(line) for line in text.splitlines() if line.strip()]
+                return jsonl_records(p, text)
             data = json.loads(text)
         except (json.JSONDecodeError, OSError, ValueError) as e:
+            if isinstance(e, DataError):
+                raise
             raise DataError(f"data.path: cannot read {p} ({str(e).splitlines()[0]})") from None
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"data.path: {p} must hold a list of records (objects)")
@@ -64,6 +68,27 @@ def read_records(path: str, split: str = "train") -> list[dict]:
         raise DataError(
             f"data.path: cannot load hub data set {path} ({str(e).splitlines()[0][:200]})"
         ) from None
+
+
+def jsonl_records(p: Path, text: str) -> list[dict]:
+    """One JSON object a line; a bad line is named by the file's own 1-based line number."""
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"data.path: {p} line {number}: not JSON ({e.msg} at column {e.colno})"
+            ) from None
+        if not isinstance(record, dict):
+            kind = {list: "an array", str: "a string"}.get(type(record), type(record).__name__)
+            raise DataError(
+                f"data.path: {p} line {number}: {kind}, not a record (one JSON object a line)"
+            )
+        records.append(record)
+    return records
 
 
 def text_documents(source: str, path: str | None) -> list[str]:

@@ -37,7 +37,8 @@ class TuneArgs:
     reference_precision: str | None = None
     trial_timeout_s: float = 900
     max_passes: int = 3
-    db: Path = Path("paratrain-results.db")
+    db: Path | None = Path("paratrain-results.db")
+    """The results DB the trials go to; None: a dry run (nothing written)."""
     out: Path = Path("tune")
     sets: list[str] = field(default_factory=list)
     progress: bool = True
@@ -99,13 +100,15 @@ def guard_loss(curve: list[list[float]]) -> float | None:
 class Search:
     def __init__(self, recipe: str, cfg: RunConfig, space: Space, args: TuneArgs):
         self.recipe, self.cfg, self.space, self.args = recipe, cfg, space, args
-        self.store = Store(args.db)
+        # db None: a dry run, which lists the levers and writes nothing
+        self.store = Store(args.db) if args.db is not None else None
         self.sweep = f"tune-{cfg.name}"
         self.trials: list[Trial] = []
         self.started = time.monotonic()
         self.reference: Trial | None = None
         self.lm = cfg.task == "causal_lm"
-        self.done = {r.run_key: r for r in self.store.rows(self.sweep) if r.status == "ok"}
+        rows = self.store.rows(self.sweep) if self.store else []
+        self.done = {r.run_key: r for r in rows if r.status == "ok"}
 
     # ------------------------------------------------------------------ one trial
 
