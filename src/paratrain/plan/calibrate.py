@@ -128,7 +128,7 @@ def measure_step(
 def ddp_wire_bytes(config: dict) -> float | None:
     """A gradient's bytes in DDP's all-reduce where they are not its own size: train.bf16_weights'
     bf16 gradients travel as parallel/ddp.py's wire_bytes says (fp32 unless compressed)."""
-    if not (config.get("train") or {}).get("bf16_weights"):
+    if (config.get("train") or {}).get("bf16_weights") is not True:  # a run's: settled
         return None
     import torch
 
