@@ -144,3 +144,36 @@ def test_the_plan_json_keeps_every_lever_with_its_reason(on, tmp_path):
     assert again.levers == plan.levers and again.hints == plan.hints
     assert {c.key for c in plan.levers} == set(levers.PLAIN)
     assert all(c.reason for c in plan.levers)
+
+
+def test_review_mends_fused_sgd_stem_and_the_recipes_strategy(on, monkeypatch):
+    """Fused SGD has no DTensor rule (FSDP, TP); the stem follows the depthwise layers that run;
+    config.yaml keeps the recipe's strategy, so one rank collapses again and two do not; a
+    plan's other layouts take the levers back at auto."""
+    sgd = ["train.optimizer=sgd", "model.name=resnet50", "data.image_size=64"]
+    fsdp = chosen(
+        on(H100, RECIPES / "mnist_sample_mobilenetv2_fastest.yaml", [*sgd, "strategy=fsdp"])
+    )
+    assert fsdp["train.fused_optimizer"] is False
+    ddp = chosen(on(H100, RECIPES / "mnist_sample_mobilenetv2_fastest.yaml", sgd))
+    assert ddp["train.fused_optimizer"] is True
+    native = on(
+        H100, RECIPES / "mnist_sample_mobilenetv2_fastest.yaml", ["model.depthwise_conv=native"]
+    )
+    assert chosen(native)["model.stem_conv"] == "native"
+    one = on(H100, RECIPES / "llama3_8b_lora_random.yaml")
+    assert one.strategy == "single" and one.config.strategy == "ddp-ds"
+    from paratrain.config import from_dict
+    from paratrain.config.run import RunConfig
+    from paratrain.runplan import resolve
+
+    saved = from_dict(RunConfig, one.config.to_dict())  # config.yaml, resolved on two GPUs
+    monkeypatch.setattr(paratrain.launch, "default_nproc", lambda several: 2)
+    two = resolve(saved)
+    assert two.strategy == "ddp-ds" and two.multiprocess and two.world_size == 2
+    full = on(H100, RECIPES / "llama3.2_1b_full_random.yaml")
+    back = levers.unsettled(full)
+    assert back.train.bf16_weights == "auto" and back.train.compile_scope == "auto"
+    assert full.config.train.bf16_weights is True  # the plan itself is left as it was
+    fsdp_back = resolve(levers.put(back, "strategy", "fsdp") or back, world=2)
+    assert fsdp_back.config.train.bf16_weights is False  # FSDP keeps fp32 shards itself

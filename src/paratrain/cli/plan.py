@@ -60,7 +60,11 @@ def command(args: argparse.Namespace) -> int:
 
     if not Path(args.recipe).is_file():
         raise UserError(f"recipe: no such file {args.recipe}")
-    cfg = plan_of(args.recipe, args.set).config
+    from paratrain.runplan.levers import unsettled
+
+    # each calibration and measured layout decides its own levers (bf16 weights in one
+    # process would be refused under FSDP)
+    cfg = unsettled(plan_of(args.recipe, args.set))
     gpus = command.parse_scales(args.gpus, "--gpus")
     measure = command.parse_scales(args.measure, "--measure") if args.measure else None
     for flag, value in (("--steps", args.steps), ("--every", args.every)):

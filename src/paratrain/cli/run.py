@@ -71,6 +71,10 @@ def finished_run(resume: str) -> str | None:
         steps = json.loads(result.read_text())["summary"]["optimizer_steps"]
     except (ValueError, KeyError, TypeError):
         return None
+    # a later checkpoint: the finished run was resumed with more steps and stopped again
+    later = [p for p in folder.glob("checkpoints/step_*") if p.name[5:].isdigit()]
+    if any(int(p.name[5:]) > steps for p in later):
+        return None
     return (
         f"paratrain: {folder} is a finished run ({steps} steps; its result.json): nothing to "
         "resume. To train on, give more steps: --set train.max_steps=N (or train.epochs)"

@@ -131,6 +131,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         checks.check_pipeline(cfg)
     multiprocess = strategy not in strategies.ONE_PROCESS
     nproc, world = world_of(cfg, multiprocess, world)
+    asked_strategy = strategy  # what config.yaml keeps: on more ranks it is that again
     strategy, layout_choice = levers.one_process(cfg, strategy, world)
     multiprocess = strategy not in strategies.ONE_PROCESS
     degrees = strategies.degrees_for(cfg, strategy, world)
@@ -157,7 +158,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     notes += kernel_notes(cfg, task.name, device)
     # the decisions written into the config as it runs (config.yaml): resolving it again
     # gives the same plan
-    cfg.task, cfg.strategy, cfg.data.sampler = task.name, strategy, sampler
+    cfg.task, cfg.strategy, cfg.data.sampler = task.name, asked_strategy, sampler
     return RunPlan(
         config=cfg,
         task=task.name,

@@ -106,10 +106,22 @@ def decide(cfg, task, layout, machine: Machine) -> list[Choice]:
     settle("train.compile", *compile_choice(task, layout, machine))
     for key, (value, reason) in task.levers(cfg, layout, machine).items():
         settle(key, value, reason)
-    settle("train.fused_optimizer", *fused_choice(cfg, machine))
+    settle("train.fused_optimizer", *fused_choice(cfg, layout, machine))
     for key in given:  # what neither this module nor the task decided: the plain setting
         settle(key, PLAIN[key], not_here(machine, task))
     return choices + explicit(given)
+
+
+def unsettled(plan):
+    """The plan's config with the levers it decided back at auto: what a run of another layout
+    or machine (plan's calibrations, a tune's trials) resolves again for itself."""
+    import copy
+
+    cfg = copy.deepcopy(plan.config)
+    for choice in plan.levers:
+        if choice.by != "set":
+            put(cfg, choice.key, "auto")
+    return cfg
 
 
 def explicit(given: dict[str, Any]) -> list[Choice]:
@@ -138,11 +150,13 @@ def compile_choice(task, layout, machine: Machine) -> tuple[bool, str]:
     return True, "a GPU with Triton: inductor fuses the step's elementwise work into few kernels"
 
 
-def fused_choice(cfg, machine: Machine) -> tuple[bool, str]:
+def fused_choice(cfg, layout, machine: Machine) -> tuple[bool, str]:
     if machine.device != "cuda":
         return False, f"on the {machine.device}: the foreach optimizer, as measured here"
     if cfg.train.optimizer not in ("sgd", "adamw"):
         return False, f"{cfg.train.optimizer} is torchao's own kernel"
+    if cfg.train.optimizer == "sgd" and layout.uses & {"fsdp", "tp"}:
+        return False, "fused SGD has no rule for FSDP's and TP's sharded (DTensor) weights"
     if cfg.train.bf16_weights is True:
         return False, "bf16_weights updates with MasterAdamW's own kernel"
     return True, (

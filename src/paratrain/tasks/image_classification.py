@@ -101,8 +101,8 @@ def image_kernels(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[obje
     gray = (d.channels or (3 if d.source == "imagefolder" else 1)) == 1
     out["model.stem_conv"] = (
         ("depthwise", "the one-channel stem as a depthwise pass (cuDNN's needs a layout change)")
-        if gray
-        else ("native", "the stem reads 3 channels")
+        if gray and m.depthwise_conv != "native"
+        else ("native", "the stem reads 3 channels" if not gray else "depthwise_conv is native")
     )
     return out
 

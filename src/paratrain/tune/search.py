@@ -77,7 +77,10 @@ def trial_overrides(space: Space, choice: dict[str, Any], steps: int, warmup: in
     evaluation or checkpoints, the loss logged every few steps for the numerics guard."""
     out: list[str] = []
     for lever in space.levers:
-        out += lever.overrides(choice[lever.key])
+        # a lever at its baseline (the recipe's value, or the plan's auto choice) is left to
+        # the recipe and the plan: a trial of another strategy decides its own levers
+        if choice[lever.key] != lever.values[0]:
+            out += lever.overrides(choice[lever.key])
     return out + [
         f"train.max_steps={warmup + steps}",
         "train.eval=false",
