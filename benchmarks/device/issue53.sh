@@ -14,18 +14,8 @@
 # machine and the runs' errors). At most 8 files come back from a call.
 #   device run (carry .whl .commit):  MODE="lora images" bash benchmarks/device/issue53.sh
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; start=$SECONDS; BUDGET=${BUDGET:-560}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .whl/tt/*.whl || exit 1
-export PYTHONPATH=$PWD/src:/tmp/site PARATRAIN_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
-export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
-{ nvidia-smi -L; python3 - <<'PY'
-import importlib.metadata as md
-for p in ("torch", "torchtitan", "torchao", "transformers", "peft", "liger-kernel", "triton"):
-    try: print(p, md.version(p))
-    except md.PackageNotFoundError: print(p, "absent")
-PY
-echo "commit $PARATRAIN_COMMIT"; } > /tmp/machine.txt 2>&1; cat /tmp/machine.txt
+BUDGET=${BUDGET:-560}
+source "$(dirname "$0")/setup.sh"  # wheels, paths, machine.txt
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
   timeout ${TESTS_TIMEOUT:-120} python3 -m pytest -q -rA --show-capture=no -m gpu ${TESTS_PATH:-tests/gpu} -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi

@@ -7,6 +7,7 @@ every lever still at auto as plain PyTorch runs it, nothing decided.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 PLAIN: dict[str, Any] = {
@@ -27,10 +28,7 @@ PLAIN: dict[str, Any] = {
 
 
 def get(cfg, key: str) -> Any:
-    obj = cfg
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return operator.attrgetter(key)(cfg)
 
 
 def put(cfg, key: str, value: Any) -> None:

@@ -39,22 +39,30 @@ NEEDS_DDP = (
 
 
 def machine_of(device: str) -> Machine:
-    """What the levers see of this process's machine: the first GPU's name and compute
-    capability, and whether Triton (inductor's and paratrain's kernels) imports."""
+    """What the levers see of this process's machine: the first visible GPU's name and compute
+    capability, and whether Triton (inductor's and paratrain's kernels) imports. Read through
+    NVML, as torch.cuda.device_count does: the launching process (a sweep's too) makes no CUDA
+    context, which would hold memory on that GPU for the whole run."""
     if device != "cuda":
         return Machine(device=device)
-    import torch
-
     try:
         triton = importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):
         triton = False
-    return Machine(
-        device="cuda",
-        capability=tuple(torch.cuda.get_device_capability(0)),
-        triton=triton,
-        gpu=torch.cuda.get_device_name(0),
-    )
+    capability, name = gpu_facts()
+    return Machine(device="cuda", capability=capability, triton=triton, gpu=name)
+
+
+def gpu_facts() -> tuple[tuple[int, int], str]:
+    import torch
+
+    try:
+        handle = torch.cuda._get_pynvml_handler(0)  # CUDA_VISIBLE_DEVICES' first, no context
+        nvml = torch.cuda.pynvml
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return (major, minor), str(nvml.nvmlDeviceGetName(handle))
+    except Exception:  # noqa: BLE001 - no NVML here: torch's own reading (it makes a context)
+        return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
 
 
 def one_process(cfg, strategy: str, world: int) -> tuple[str, Choice | None]:
@@ -66,7 +74,7 @@ def one_process(cfg, strategy: str, world: int) -> tuple[str, Choice | None]:
             return strategy, Choice(key, asked, "as set", "set")
         put(cfg, key, False)
         why = f"{world} ranks" if world != 1 else f"{strategy} runs one process already"
-        return strategy, Choice(key, False, why, "auto" if cfg.levers == "auto" else "plain")
+        return strategy, Choice(key, False, why, by(cfg))
     needs = [f"{k} ({why})" for k, asks, why in NEEDS_DDP if asks(cfg)]
     if asked is True and needs:
         raise ValueError(f"{key}: true, but {needs[0]}; set it false or drop that setting")
@@ -74,7 +82,7 @@ def one_process(cfg, strategy: str, world: int) -> tuple[str, Choice | None]:
         if cfg.levers == "plain" or needs:
             why = PLAIN_REASON if cfg.levers == "plain" else f"kept DDP: {needs[0]}"
             put(cfg, key, False)
-            return strategy, Choice(key, False, why, "auto")
+            return strategy, Choice(key, False, why, by(cfg))
         put(cfg, key, True)
         return "single", Choice(
             key,
@@ -88,6 +96,11 @@ def one_process(cfg, strategy: str, world: int) -> tuple[str, Choice | None]:
     return strategy, Choice(key, False, "as set", "set")
 
 
+def by(cfg) -> str:
+    """Who settled a lever left at auto: the plan (auto) or levers=plain."""
+    return "auto" if cfg.levers == "auto" else "plain"
+
+
 def decide(cfg, task, layout, machine: Machine) -> list[Choice]:
     """Every lever still at auto made concrete in `cfg` (the config as it runs) -> the choices,
     the ones set explicitly among them (they always win)."""
@@ -97,7 +110,7 @@ def decide(cfg, task, layout, machine: Machine) -> list[Choice]:
     def settle(key: str, value: Any, reason: str) -> None:
         if get(cfg, key) == "auto":
             put(cfg, key, value)
-            choices.append(Choice(key, value, reason, "auto" if cfg.levers == "auto" else "plain"))
+            choices.append(Choice(key, value, reason, by(cfg)))
 
     if cfg.levers == "plain":
         for key in given:

@@ -3,6 +3,7 @@ is random or synthetic, how the run lies over the ranks, in which precision."""
 
 from __future__ import annotations
 
+from paratrain.config.levers import PLAIN
 from paratrain.runplan.sources import BUNDLED
 
 
@@ -26,9 +27,7 @@ def lines(plan, built: dict | None = None) -> list[str]:
 def lever_lines(plan) -> list[tuple[str, str]]:
     """The levers the plan switched on, each with its reason; the rest in one line (plan.json
     holds every one with its reason)."""
-    on = [c for c in plan.levers if c.by == "auto" and c.value not in (False, "none", "native")]
-    on = [c for c in on if (c.key, c.value) != ("train.compile_mode", "default")]
-    on = [c for c in on if (c.key, c.value) != ("train.compile_scope", "blocks")]
+    on = [c for c in plan.levers if c.by == "auto" and c.value != PLAIN[c.key]]
     out = [("lever", f"{c.key}={value_text(c.value)}: {c.reason}") for c in on]
     plain = [c for c in plan.levers if c.by in ("auto", "plain") and c not in on]
     if plain and not on:  # a CPU, levers=plain: the reason most of them share

@@ -18,8 +18,7 @@ from paratrain.protocols import Layout, Machine
 
 LLAMA_SHAPES = ("llama3-8b", "llama3.2-1b", "tiny")
 
-FULL = "benchmarks/results/2026-12-04-h200x1/issue34/"  # calls 44-61
-LORA = "benchmarks/results/2026-12-04-h200x1/issue34/"  # calls 40-43, 58-59
+RESULTS = "benchmarks/results/2026-12-04-h200x1/issue34/"  # full: calls 44-61; LoRA: 40-43, 58-59
 
 
 def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str]]:
@@ -40,7 +39,7 @@ def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str
         else (
             True,
             f"bf16 weights, fp32 masters in AdamW's state: no casts per matmul, one kernel a "
-            f"weight's update (1.09x fp32 weights; {FULL})",
+            f"weight's update (1.09x fp32 weights; {RESULTS})",
         )
     )
     out["model.kernels"] = (
@@ -55,7 +54,7 @@ def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str
         out["train.compile_scope"] = (
             "decoder",
             f"one graph over the decoder: a layer's residual add fused into the next norm "
-            f"(1.10x torchtitan with the two above, 60% MFU on one H200; {FULL})",
+            f"(1.10x torchtitan with the two above, 60% MFU on one H200; {RESULTS})",
         )
     return out
 
@@ -102,7 +101,7 @@ def lora_graphs(cfg, layout: Layout) -> tuple[str, str]:
         return "default", "measured in one process and under DDP only"
     return "reduce-overhead", (
         f"every row one length: CUDA graphs replay each layer's kernels without launching "
-        f"each (LoRA 1.36-1.37x transformers + peft on one H200; {LORA})"
+        f"each (LoRA 1.36-1.37x transformers + peft on one H200; {RESULTS})"
     )
 
 

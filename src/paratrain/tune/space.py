@@ -21,6 +21,7 @@ from typing import Any
 
 from paratrain.bench.sweep import _yaml_scalar
 from paratrain.config import RunConfig, read_yaml
+from paratrain.config.levers import get
 from paratrain.errors import ConfigError
 
 # levers that set several keys at once: value -> overrides
@@ -76,10 +77,7 @@ def current(cfg: RunConfig, key: str) -> Any:
         d = cfg.ddp
         lean = d.gradient_as_bucket_view and d.static_graph and not d.broadcast_buffers
         return "on" if lean else "off"
-    obj: Any = cfg
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return get(cfg, key)
 
 
 def _lever(cfg: RunConfig, key: str, values: list[Any], why: str) -> Lever | None:
