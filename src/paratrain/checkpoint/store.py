@@ -354,6 +354,7 @@ def load_checkpoint(
         optim_state_dict=wanted["optimizer"],
         options=options,
     )
+    keep_implementation(optimizer)
     train_state = _load_plain(path / _TRAIN_STATE)
     if scaler is not None and train_state["scaler"] is not None:
         scaler.load_state_dict(train_state["scaler"])
@@ -363,6 +364,22 @@ def load_checkpoint(
         set_rng_state(_load_plain(path / f"rng_rank{rank:05d}.pt"), device)
     writer = {"world_size": train_state["world_size"], **train_state.get("layout", {})}
     return LoopState(**train_state["loop"]), writer
+
+
+# How the update runs, not what it computes: this run's plan chose them for its layout (no
+# fused SGD under tensor parallelism, fused on one GPU). Loading restores each param group whole,
+# so a checkpoint written under another layout would bring its own back and the step would hand
+# a fused kernel's grad_scale / found_inf to a foreach update.
+_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
+
+def keep_implementation(optimizer) -> None:
+    """The optimizer's own implementation flags (its defaults) over those a checkpoint held."""
+    for opt in optimizer if isinstance(optimizer, list) else [optimizer]:
+        for group in opt.param_groups:
+            for key in _IMPLEMENTATION:
+                if key in opt.defaults:
+                    group[key] = opt.defaults[key]
 
 
 def _aliased(optim_state: dict, aliases: dict, held: set) -> tuple[dict, dict]:

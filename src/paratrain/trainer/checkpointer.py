@@ -13,6 +13,7 @@ import torch
 
 from paratrain.checkpoint import (
     AsyncSaves,
+    keep_implementation,
     list_checkpoints,
     load_checkpoint,
     read_replica,
@@ -185,5 +186,6 @@ class Checkpointer:
         with torch.no_grad():
             unwrap(run.model).load_state_dict(replica["model"])
         run.optimizer.load_state_dict(replica["optimizer"])
+        keep_implementation(run.optimizer)  # this run's fused / foreach, not the writer's
         run.sync.load_state_dict(replica["sync"])
         return ""
