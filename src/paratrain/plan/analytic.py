@@ -179,7 +179,9 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
         # transpose (7); compiled, the amaxes fuse into the producers (2 bytes less each)
         again = 0 if train.ac == "none" else 1
         fwd_in, bwd_in, bwd_out = (5, 3, 7) if not train.compile else (3, 3, 5)
-        acts = sum(i * (fwd_in * (1 + again) + bwd_in) + o * bwd_out for i, o in shape.linears().values())
+        acts = sum(
+            i * (fwd_in * (1 + again) + bwd_in) + o * bwd_out for i, o in shape.linears().values()
+        )
         weights = shape.layer_matmul_params * (3 if train.fp8_gather else 8)
         casts = (tokens * acts + weights) / tp
     memory = (elementwise + casts) / hw.memory_bytes_s()

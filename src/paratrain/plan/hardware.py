@@ -6,9 +6,10 @@ benchmarks/device/issue52.sh)."""
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from paratrain.errors import UserError
 

@@ -141,7 +141,7 @@ def run(suite: str = "torchtitan-h100", profile: str = "h100-hbm2e-500w") -> dic
         "median_tps_error": statistics.median(errors),
         "worst_tps_error": max(errors),
         "worst_memory_error": max(mem),
-        "rows_within_20": sum(e <= 0.2 and m <= 0.2 for e, m in zip(errors, mem)),
+        "rows_within_20": sum(e <= 0.2 and m <= 0.2 for e, m in zip(errors, mem, strict=True)),
         "rows": len(errors),
     }
     return out
