@@ -230,8 +230,10 @@ def _inter(layout: Layout, hw: Hardware, group: int, stride: int) -> bool:
 def fsdp_terms(
     shape: Shape, hw: Hardware, layout: Layout, train: Training, layers: int, layer: dict
 ) -> dict:
-    """FSDP's communication a step, and what of it no compute hides (seconds)."""
-    d, tp = layout.dp_shard, layout.tp
+    """FSDP's communication a step, and what of it no compute hides (seconds). HSDP: the
+    shards' gradients also all-reduced over the replicas (across nodes), layer by layer in
+    backward beside the reduce-scatters."""
+    d, tp, reps = layout.dp_shard, layout.tp, layout.dp_replicate
     if d <= 1:
         return {"fsdp_comm_s": 0.0, "fsdp_exposed_s": 0.0, "fsdp_copies_s": 0.0}
     bus = hw.bus_gbps(_inter(layout, hw, d, tp))
@@ -241,6 +243,10 @@ def fsdp_terms(
     rs = collective_s(shape.layer_params / tp * 4, d, bus, "reduce_scatter")
     root = (shape.embedding_params + shape.head_params) / tp
     root_ag, root_rs = collective_s(root * 2, d, bus), collective_s(root * 4, d, bus)
+    if reps > 1:  # the replicas' all-reduce of each shard, fp32
+        across = hw.bus_gbps(True)
+        rs += collective_s(shape.layer_params / tp / d * 4, reps, across, "all_reduce")
+        root_rs += collective_s(root / d * 4, reps, across, "all_reduce")
     m = layout.micro
     fwd_c, bwd_c = layer["forward_s"] * m, (layer["total_s"] - layer["forward_s"]) * m
     # FSDP2's copies around its collectives, HBM bytes per parameter of the GPU's layers: the
@@ -371,11 +377,7 @@ def predict(shape: Shape, hw: Hardware, layout: Layout, train: Training) -> dict
     rank_params = layers_here * shape.layer_params + shape.head_params
     opt = rank_params / (tp * layout.dp_shard) * (ADAMW_BYTES + CLIP_BYTES) / hw.memory_bytes_s()
     fsdp = fsdp_terms(shape, hw, layout, train, layers_here, layer)
-    hsdp = 0.0
-    if layout.dp_replicate > 1:  # the shards' gradients all-reduced across replicas, exposed
-        grads = rank_params / (tp * layout.dp_shard) * 4
-        hsdp = collective_s(grads, layout.dp_replicate, hw.bus_gbps(True), "all_reduce")
-    step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"] + hsdp
+    step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"]
     tokens_gpu = train.local_batch * train.seq_len / (tp * p)
     mem = memory_terms(shape, hw, layout, train)
     n_mb = m * layers_here
@@ -392,7 +394,6 @@ def predict(shape: Shape, hw: Hardware, layout: Layout, train: Training) -> dict
         "optimizer_s": opt,
         "fsdp_exposed_s": fsdp["fsdp_exposed_s"],
         "fsdp_copies_s": fsdp["fsdp_copies_s"],
-        "hsdp_s": hsdp,
     }
     return {
         "layout": layout.describe(),
