@@ -61,9 +61,12 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 EAGER = {"hidden": 2 * 36 + 2 * 6 + 20 + 2 * 2, "kv": 20 + 2 * 2, "ffn": 10}
 COMPILED = {"hidden": 2 * 8 + 4, "kv": 4 + 2 * 2, "ffn": 6}
 ADAMW_BYTES = 64  # foreach AdamW, fp32: ~8 passes of read + write over param, grad, 2 moments
+FUSED_ADAMW_BYTES = 28  # one kernel: read param, grad, 2 moments (16), write 3 (12)
 CLIP_BYTES = 12  # gradient clipping: the norm reads the gradient, the scaling reads and writes
 LOSS_BYTES = 40  # fp32 logits: upcast, log-softmax (two passes), its gradient, the cast back
 LOGIT_BYTES = 12  # live at the loss's peak per logit: fp32 log-softmax, its gradient, bf16 grad
+FUSED_LOSS_BYTES = 4  # a fused loss (paratrain's Triton loss): bf16 logits read, gradient written
+FUSED_LOGIT_BYTES = 4  # bf16 logits and their gradient
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ class Training:
     compile: bool = False
     float8: bool = False
     fp8_all_gather: bool | None = None  # None: on with float8 (torchtitan's 405B setting)
+    lora: bool = False  # frozen bf16 weights, small adapters: no weight gradients, no optimizer
+    fused_loss: bool = False  # the loss's gradient written in one pass (torchtitan 2024: eager)
+    fused_optimizer: bool = False  # one AdamW kernel (torchtitan 2024: foreach)
 
     @property
     def fp8_gather(self) -> bool:
@@ -164,14 +170,15 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
     h, kv, f, s = shape.hidden, shape.kv_width, shape.ffn, train.seq_len
     r = recompute_share(shape, train.ac)
     mm_forward = 2 * tokens * shape.layer_matmul_params / tp
-    mm = mm_forward * (3 + r) / hw.matmul_flops(train.float8)
+    passes = 2 if train.lora else 3  # frozen weights: the input's gradient only
+    mm = mm_forward * (passes + r) / hw.matmul_flops(train.float8)
     att_forward = 2 * tokens * s * h / tp
     att_passes = 1 + 2.5 + (1 if train.ac == "full" else 0)
     attention = att_forward * att_passes / hw.attention_flops(shape.head_dim)
     widths = COMPILED if train.compile else EAGER
     per_token = widths["hidden"] * h + widths["kv"] * kv + widths["ffn"] * f
-    passes = 1 + 2 + (0 if train.ac == "none" else 1)
-    elementwise = tokens * per_token * passes / tp
+    el_passes = 1 + 2 + (0 if train.ac == "none" else 1)
+    elementwise = tokens * per_token * el_passes / tp
     casts = 0.0
     if train.float8:
         # per matmul: its input's amax + cast forward (5 bytes an element; again on recompute),
@@ -190,7 +197,7 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
         shape.head_dim
     )
     return {
-        "matmul_s": mm_forward * 3 / hw.matmul_flops(train.float8),
+        "matmul_s": mm_forward * passes / hw.matmul_flops(train.float8),
         "recompute_s": mm_forward * r / hw.matmul_flops(train.float8)
         + (att_forward / hw.attention_flops(shape.head_dim) if train.ac == "full" else 0.0),
         "attention_s": att_forward * 3.5 / hw.attention_flops(shape.head_dim),
@@ -201,11 +208,13 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
     }
 
 
-def head_s(shape: Shape, hw: Hardware, tokens: int, tp: int) -> float:
+def head_s(shape: Shape, hw: Hardware, tokens: int, tp: int, train: Training) -> float:
     """lm_head's forward and backward matmuls (bf16: torchtitan keeps it out of float8) and
     the loss over fp32 logits (split over the vocabulary under TP's loss parallel)."""
-    mm = 6 * tokens * shape.vocab * shape.hidden / tp / hw.matmul_flops(False)
-    loss = tokens * shape.vocab / tp * LOSS_BYTES / hw.memory_bytes_s()
+    mm = (4 if train.lora else 6) * tokens * shape.vocab * shape.hidden / tp
+    per_logit = FUSED_LOSS_BYTES if train.fused_loss else LOSS_BYTES
+    loss = tokens * shape.vocab / tp * per_logit / hw.memory_bytes_s()
+    mm /= hw.matmul_flops(False)
     return mm + loss
 
 
@@ -319,7 +328,7 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) ->
         params = layers * shape.layer_params
         params += shape.embedding_params if first else 0
         params += shape.head_params if last else 0
-        state = params / (tp * d) * (4 + 4 + 8)
+        state = params / (tp * d) * (2 if train.lora else 4 + 4 + 8)
         if p > 1:  # a stage's layers stay gathered, gradients accumulated unsharded in fp32
             weight = 1 if train.fp8_gather else 2
             gathered = params / tp * (weight + 4) if d > 1 else 0.0
@@ -339,7 +348,8 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) ->
         acts = layers * flight * tokens_mb * saved / tp
         peak = tokens_mb * working
         if last:
-            peak += tokens_mb * shape.vocab / tp * LOGIT_BYTES
+            per_logit = FUSED_LOGIT_BYTES if train.fused_loss else LOGIT_BYTES
+            peak += tokens_mb * shape.vocab / tp * per_logit
         total = state + gathered + acts + peak
         if not out or total > out["total_bytes"]:
             out = {
@@ -360,7 +370,7 @@ def predict(shape: Shape, hw: Hardware, layout: Layout, train: Training) -> dict
     tokens_mb = train.local_batch // m * train.seq_len
     layer = layer_terms(shape, hw, train, tokens_mb, tp)
     per_rank = rank_layers(shape, layout)
-    head = head_s(shape, hw, tokens_mb, tp)
+    head = head_s(shape, hw, tokens_mb, tp, train)
     tp_comm, tp_exposed = tp_terms(shape, hw, layout, train, tokens_mb, layer)
     per_layer = layer["total_s"] + tp_exposed
     # the slowest rank's micro-batch (the last one also runs lm_head and the loss)
@@ -375,7 +385,9 @@ def predict(shape: Shape, hw: Hardware, layout: Layout, train: Training) -> dict
     else:
         work, idle, p2p = busiest * m, 0.0, 0.0
     rank_params = layers_here * shape.layer_params + shape.head_params
-    opt = rank_params / (tp * layout.dp_shard) * (ADAMW_BYTES + CLIP_BYTES) / hw.memory_bytes_s()
+    adamw = FUSED_ADAMW_BYTES if train.fused_optimizer else ADAMW_BYTES
+    opt = rank_params / (tp * layout.dp_shard) * (adamw + CLIP_BYTES) / hw.memory_bytes_s()
+    opt = 0.0 if train.lora else opt  # the adapters' update: ~0.1% of the weights
     fsdp = fsdp_terms(shape, hw, layout, train, layers_here, layer)
     step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"]
     tokens_gpu = train.local_batch * train.seq_len / (tp * p)

@@ -12,8 +12,9 @@ all-gather in float8 (the 405B config's setting); a pipeline splits the batch in
 micro-batches as stages (torchtitan's default), 2 stages a rank when interleaved; FSDP under a
 pipeline keeps the stage's layers gathered (no reshard after forward).
 
-Also, for the base rate at 700 W: the two 1-GPU torchtitan rows measured on a lent H100 SXM
-(issue 53, call 2: torchtitan 0.2.2 compiled, Llama-3.2-1B shape, 8 x 2,048, no AC).
+Also, for the base rate at 700 W: 1-GPU rows measured on a lent H100 SXM 80 GB (issue 53, calls
+1 and 2): torchtitan 0.2.2 compiled on the Llama-3.2-1B shape (8 x 2,048, no AC), bf16 and
+float8, and paratrain's own recipes as shipped (the 1B's full training; the 8B's LoRA, 2 x 2,048).
 """
 
 from __future__ import annotations
@@ -108,6 +109,25 @@ def lent_rows() -> list[Row]:
             70521,
             43.0,
         ),
+        # paratrain's own recipes as shipped on the same GPU (issue 53 calls 1 and 2)
+        Row(
+            "H100",
+            "paratrain 1B full (Triton loss, fused AdamW)",
+            "llama3.2-1b",
+            Layout(1),
+            Training(**one, fused_loss=True, fused_optimizer=True),
+            69476,
+            39.4,
+        ),
+        Row(
+            "H100",
+            "paratrain 8B LoRA (q, v, o; r 8)",
+            "llama3-8b",
+            Layout(1),
+            Training(2048, 2, "none", compile=True, lora=True),
+            17421,
+            29.6,
+        ),
     ]
 
 
@@ -152,6 +172,8 @@ def _setup(t: Training) -> str:
     parts.append("compile" if t.compile else "eager")
     if t.float8:
         parts.append("float8")
+    if t.lora:
+        parts.append("LoRA")
     return ", ".join(parts)
 
 
@@ -177,7 +199,8 @@ def table(found: dict, terms: bool = False) -> str:
         f"Tables 1, 3, 4, 5: median TPS/GPU error {s['median_tps_error']:.1%}, worst "
         f"{s['worst_tps_error']:.1%}; worst memory error {s['worst_memory_error']:.1%}; "
         f"{s['rows_within_20']} of {s['rows']} rows within 20% on both. The H100 rows: one lent "
-        "H100 SXM at 700 W (profile h100-sxm), torchtitan 0.2.2, measured in issue 53.",
+        "H100 SXM 80 GB at 700 W (profile h100-sxm), torchtitan 0.2.2 and paratrain as "
+        "shipped, measured in issue 53.",
     ]
     if terms:
         lines += ["", "Seconds a step by term:", ""]
