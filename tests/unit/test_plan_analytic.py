@@ -121,7 +121,7 @@ def test_hardware_profiles():
     assert H100.clock == 1
     with pytest.raises(UserError, match="no profile"):
         hardware.load("h900")
-    with pytest.raises(UserError, match="derate.matmul"):
+    with pytest.raises(UserError, match=r"derate.matmul must lie in \(0, 1\]"):
         hardware.from_dict(
             {
                 "datasheet": {k: 1 for k in hardware._NUMBERS},

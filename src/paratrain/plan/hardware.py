@@ -115,9 +115,12 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
     missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
     if missing:
         raise UserError(f"hardware profile {where}: missing {', '.join(missing)}")
-    bad = [k for k in _DERATES if not 0 <= float(derate[k]) <= 1]
+    # a rate the plan divides by must be there; float8's only where the GPU has float8
+    bad = [k for k in _DERATES if not 0 < float(derate[k]) <= 1]
+    if not float(sheet["fp8_tflops"]) and 0 <= float(derate["matmul_fp8"]) <= 1:
+        bad = [k for k in bad if k != "matmul_fp8"]
     if bad:
-        raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in [0, 1]")
+        raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
     return Hardware(
         name=data.get("name", Path(where).stem),
         description=data.get("description", ""),
