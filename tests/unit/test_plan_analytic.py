@@ -177,5 +177,15 @@ def test_cli_validate_and_layouts(capsys):
     assert "| 64 |" in out and "TP 8" in out
     assert main(["plan", "--validate", "nope"]) == 2
     assert "--validate: unknown" in capsys.readouterr().err
-    assert main(["plan", "--hardware", "h100-sxm"]) == 2
-    assert main(["plan", "--hardware", "h100-sxm", "--shape", "gpt2"]) == 2
+    # one line each, exit 2: no shape, not a Llama shape, a recipe's flag, a flag without its mode
+    for args, says in (
+        (["--hardware", "h100-sxm"], "give --shape"),
+        (["--hardware", "h100-sxm", "--shape", "gpt2"], "no shape 'gpt2'"),
+        (["--validate", "torchtitan-h100", "--measure", "1"], "--measure needs a recipe"),
+        (["--validate", "torchtitan-h100", "--shape", "llama3.1-8b"], "the table's own"),
+        (["recipes/tiny_cpu.yaml", "--float8"], "--float8 goes with --hardware"),
+        ([], "give a recipe"),
+    ):
+        assert main(["plan", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error") == 1 and says in err, err

@@ -67,11 +67,33 @@ def add(sub) -> None:
     paper.add_argument(
         "--shape", help="the model's shape (llama3.1-8b, llama3.1-70b, llama3.1-405b, ...)"
     )
-    paper.add_argument("--seq-len", type=int, default=8192, help="tokens a sequence (default 8192)")
+    paper.add_argument("--seq-len", type=int, help="tokens a sequence (default 8192)")
     paper.add_argument("--global-batch", type=int, help="sequences a step (default: one a GPU)")
     paper.add_argument("--float8", action="store_true", help="float8 linears (torchao's)")
     paper.add_argument("--terms", action="store_true", help="--validate: each term's seconds")
     plan.set_defaults(func=command)
+
+
+def _recipe_only(args):
+    return (
+        ("--measure", args.measure),
+        ("--strategies", args.strategies),
+        ("--bus-gbps", args.bus_gbps),
+        ("--inter-node-gbps", args.inter_node_gbps),
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--set", args.set),
+        ("--out", args.out),
+    )
+
+
+def _offline_only(args):
+    return (
+        ("--shape", args.shape),
+        ("--seq-len", args.seq_len),
+        ("--global-batch", args.global_batch),
+        ("--float8", args.float8),
+        ("--terms", args.terms),
+    )
 
 
 def offline(args: argparse.Namespace) -> int:
@@ -80,8 +102,16 @@ def offline(args: argparse.Namespace) -> int:
 
     if args.recipe:
         raise UserError("plan: --validate / --hardware take no recipe")
+    given = [flag for flag, value in _recipe_only(args) if value]
+    if given:
+        raise UserError(f"plan: {given[0]} needs a recipe; --validate / --hardware take none")
     if args.validate:
+        extra = [f for f, v in _offline_only(args) if v and f != "--terms"]
+        if extra:
+            raise UserError(f"plan --validate: {extra[0]} is the table's own; leave it out")
         return offline.run_validate(args.validate, args.hardware, args.terms)
+    if args.terms:
+        raise UserError("plan: --terms goes with --validate")
     if not args.shape:
         raise UserError("plan --hardware: give --shape (e.g. llama3.1-70b)")
     for flag, value in (("--seq-len", args.seq_len), ("--global-batch", args.global_batch)):
@@ -91,7 +121,7 @@ def offline(args: argparse.Namespace) -> int:
         args.hardware,
         args.shape,
         command.parse_scales(args.gpus, "--gpus"),
-        seq_len=args.seq_len,
+        seq_len=args.seq_len or 8192,
         global_batch=args.global_batch,
         float8=args.float8,
     )
@@ -105,6 +135,9 @@ def command(args: argparse.Namespace) -> int:
         return offline(args)
     if not args.recipe:
         raise UserError("plan: give a recipe, or --validate / --hardware with --shape")
+    given = [flag for flag, value in _offline_only(args) if value]
+    if given:
+        raise UserError(f"plan: {given[0]} goes with --hardware (no recipe)")
     if not Path(args.recipe).is_file():
         raise UserError(f"recipe: no such file {args.recipe}")
     from paratrain.runplan.levers import unsettled
