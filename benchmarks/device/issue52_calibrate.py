@@ -165,7 +165,7 @@ def measure(out: Path, small: bool) -> None:
     text = (hardware.PROFILES / f"{base}.toml").read_text()
     (out / "measured.toml").write_text(_with(text, found, sources, f"measured-{base}"))
     slow = (hardware.PROFILES / "h100-hbm2e-500w.toml").read_text()
-    if base != "h100-sxm":  # only the H100's rates carry to the 500 W H100
+    if base not in ("h100-sxm", "h200"):  # the GH100 die's rates carry to the 500 W H100
         found = {k: v for k, v in found.items() if k in ("memory",)}
     (out / "measured-500w.toml").write_text(_with(slow, found, sources, "measured-500w"))
     (out / "measured.json").write_text(json.dumps({"gpu": name, "derates": found}, indent=1))
