@@ -84,6 +84,22 @@ def test_fsdp_exposes_the_unhidden_collectives():
     assert t["fsdp_comm_s"] == pytest.approx(32 * (2 * ag + rs) + 7 / 8 * root * 6 / bus)
 
 
+def test_ddp_and_hsdp_all_reduce_hand_cases():
+    # DDP over 8 on one node (HSDP with shards of 1): every fp32 gradient ring-all-reduced,
+    # 2 x 7/8 x 4 bytes a parameter at 360 GB/s
+    one_b = shapes.shape("llama3.2-1b")
+    train = Training(2048, 8, "none", compile=True)
+    ddp = predict(one_b, H100, Layout(8, dp_replicate=8), train)
+    assert ddp["layout"] == "DDP 8"
+    assert ddp["fsdp_comm_s"] == pytest.approx(2 * 7 / 8 * 4 * one_b.params / 360e9)
+    # HSDP 2 x 8: FSDP within each node, and each GPU's 1/8 shard all-reduced across the two
+    # nodes at the NIC's 45 GB/s: 2 x 1/2 x 4 bytes x params / 8 on top of FSDP 8's volume
+    fsdp = predict(one_b, H100, Layout(8), train)
+    hsdp = predict(one_b, H100, Layout(16, dp_replicate=2), train)
+    across = 2 * 1 / 2 * 4 * one_b.params / 8 / 45e9
+    assert hsdp["fsdp_comm_s"] == pytest.approx(fsdp["fsdp_comm_s"] + across)
+
+
 def test_recompute_hand_cases():
     # selective (op policy): the 2nd, 4th and 6th of q, k, v, o, gate, up, down run again:
     # k (4096 x 1024), o (4096^2), up (4096 x 14336) of 218,103,808

@@ -101,7 +101,9 @@ class Layout:
 
     def describe(self) -> str:
         parts = []
-        if self.dp_replicate > 1:
+        if self.dp_replicate > 1 and self.dp_shard == 1:
+            parts.append(f"DDP {self.dp_replicate}")
+        elif self.dp_replicate > 1:
             parts.append(f"HSDP {self.dp_replicate}x{self.dp_shard}")
         elif self.dp_shard > 1:
             parts.append(f"FSDP {self.dp_shard}")
@@ -243,7 +245,7 @@ def fsdp_terms(
     shards' gradients also all-reduced over the replicas (across nodes), layer by layer in
     backward beside the reduce-scatters."""
     d, tp, reps = layout.dp_shard, layout.tp, layout.dp_replicate
-    if d <= 1:
+    if d <= 1 and reps <= 1:
         return {"fsdp_comm_s": 0.0, "fsdp_exposed_s": 0.0, "fsdp_copies_s": 0.0}
     bus = hw.bus_gbps(_inter(layout, hw, d, tp))
     weight_bytes = 1 if train.fp8_gather else 2
@@ -252,8 +254,8 @@ def fsdp_terms(
     rs = collective_s(shape.layer_params / tp * 4, d, bus, "reduce_scatter")
     root = (shape.embedding_params + shape.head_params) / tp
     root_ag, root_rs = collective_s(root * 2, d, bus), collective_s(root * 4, d, bus)
-    if reps > 1:  # the replicas' all-reduce of each shard, fp32
-        across = hw.bus_gbps(True)
+    if reps > 1:  # the replicas' all-reduce of each shard, fp32 (DDP's where d = 1)
+        across = hw.bus_gbps(_inter(layout, hw, reps, d * tp))
         rs += collective_s(shape.layer_params / tp / d * 4, reps, across, "all_reduce")
         root_rs += collective_s(root / d * 4, reps, across, "all_reduce")
     m = layout.micro
@@ -269,7 +271,8 @@ def fsdp_terms(
         hidden_under = layers * (fwd_c + bwd_c)
         exposed = ag + rs + max(comm - ag - rs - hidden_under, 0.0)
     else:
-        copies = params * (2 * 2 * weight_bytes + 6)
+        # DDP (d = 1): the fp32 gradients copied into and out of its buckets instead
+        copies = params * (2 * 2 * weight_bytes + 6) if d > 1 else params * 16
         comm = layers * (2 * ag + rs) + root_ag + root_rs
         per_layer = max(ag - fwd_c, 0.0) + max(ag + rs - bwd_c, 0.0)
         exposed = root_ag + root_rs + ag + rs + (layers - 1) * per_layer
