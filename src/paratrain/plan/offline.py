@@ -52,7 +52,7 @@ def run_layouts(
     print(
         f"  global batch: {'one sequence a GPU' if global_batch is None else f'{global_batch} sequences'}"
         f"; {hw.memory_gib:g} GiB a GPU; each scale weighs every TP (within a node) x PP x "
-        "FSDP / HSDP cut, pipeline schedule, micro-batch count and AC mode"
+        "FSDP / HSDP / DDP cut, pipeline schedule, micro-batch count and AC mode"
     )
     print(f"  hardware derates and their sources: {hardware.PROFILES / (hw.name + '.toml')}")
     return 0

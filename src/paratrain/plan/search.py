@@ -1,6 +1,6 @@
 """The best layout for a shape at N GPUs on a hardware profile, from the analytic step alone
 (issue 52): every way to cut N GPUs into tensor parallel (within a node), pipeline and data
-parallel (FSDP, or HSDP sharded within a node) at a fixed global batch, each pipeline schedule
+parallel (FSDP, HSDP sharded within a node, or DDP) at a fixed global batch, each pipeline schedule
 and micro-batch count torchtitan offers, each activation-checkpointing mode; the fastest that
 fits in memory wins. Pure; seconds for thousands of layouts."""
 
@@ -39,6 +39,8 @@ def layouts(shape: Shape, hw: Hardware, gpus: int, global_batch: int) -> list[tu
             inside = hw.gpus_per_node // tp  # HSDP: shard within a node, replicate across
             if 1 < inside < dp and dp % inside == 0:
                 replicas.append(dp // inside)
+            if dp > 1:  # DDP: every replica whole
+                replicas.append(dp)
             for r in replicas:
                 base = Layout(gpus, tp=tp, pp=pp, dp_replicate=r, async_tp=tp > 1)
                 if pp == 1:
