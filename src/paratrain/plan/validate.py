@@ -8,7 +8,8 @@ The published rows: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (co
 reserved over all GPUs. Settings per table as the doc and torchtitan's configs of that commit
 give them: FSDP2 with bf16 parameters and fp32 reductions; selective AC is the "op" policy;
 float8 is torchao's dynamic tensorwise on the decoder's linears (not the output layer), its
-all-gather in float8 (the 405B config's setting); a pipeline splits the batch into as many
+FSDP all-gather in float8 (the 405B config's setting and the launch command of torchtitan's
+docs/float8.md for the 8B; TP's all-gathers are float8 by default); a pipeline splits the batch into as many
 micro-batches as stages (torchtitan's default), 2 stages a rank when interleaved; FSDP under a
 pipeline keeps the stage's layers gathered (no reshard after forward).
 
