@@ -128,6 +128,20 @@ def test_memory_state_sharded():
     assert full["activation_bytes"] == pytest.approx(32 * 16384 * 4096 * 2)
 
 
+def test_pipeline_memory_by_schedule():
+    # 405B, PP 8, 16 micro-batches of 2 sequences, full AC (one bf16 hidden vector a token and
+    # layer, sequence-sharded over TP 8): the first rank's 16 layers hold 16 micro-batches under
+    # GPipe, 8 (= p) under 1F1B
+    train = Training(8192, 32, "full", compile=True, float8=True)
+    per_mb_layer = 2 * 8192 * 16384 * 2 / 8
+    for schedule, flight in (("gpipe", 16), ("1f1b", 8)):
+        layout = Layout(512, tp=8, pp=8, schedule=schedule, microbatches=16)
+        m = analytic.memory_terms(B405, H100, layout, train)
+        assert m["rank"] == 0
+        assert m["activation_bytes"] == pytest.approx(16 * flight * per_mb_layer)
+    assert analytic.rank_layers(B405, Layout(512, tp=8, pp=8)) == [16] * 6 + [15, 15]
+
+
 def test_hardware_profiles():
     for name in hardware.names():
         hw = hardware.load(name)
