@@ -20,7 +20,7 @@ def add(sub) -> None:
         "--measure runs the scales this machine has and prints each prediction beside its "
         "measurement. Writes plan.json.",
     )
-    plan.add_argument("recipe", help="YAML recipe")
+    plan.add_argument("recipe", nargs="?", help="YAML recipe (none with --validate or --hardware)")
     plan.add_argument("--gpus", default="1,2,4,8,64", help="scales to predict (default 1,2,4,8,64)")
     plan.add_argument(
         "--gpus-per-node", type=int, help="GPUs of one node (default: this one's, or 8)"
@@ -51,13 +51,93 @@ def add(sub) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
     )
     plan.add_argument("--out", help="where plan.json and the runs go (default runs/plan-<recipe>)")
+    # issue 52: the analytic plan, from a hardware profile and a shape, no recipe and no GPU
+    paper = plan.add_argument_group("without a GPU (from a hardware profile and a shape)")
+    paper.add_argument(
+        "--validate",
+        metavar="SUITE",
+        help="print a published table beside the analytic prediction (torchtitan-h100)",
+    )
+    paper.add_argument(
+        "--hardware",
+        metavar="PROFILE",
+        help="a hardware profile (h100-sxm, h100-hbm2e-500w, h200, a100-sxm, or a .toml path): "
+        "the best layout at each --gpus scale for --shape",
+    )
+    paper.add_argument(
+        "--shape", help="the model's shape (llama3.1-8b, llama3.1-70b, llama3.1-405b, ...)"
+    )
+    paper.add_argument("--seq-len", type=int, help="tokens a sequence (default 8192)")
+    paper.add_argument("--global-batch", type=int, help="sequences a step (default: one a GPU)")
+    paper.add_argument("--float8", action="store_true", help="float8 linears (torchao's)")
+    paper.add_argument("--terms", action="store_true", help="--validate: each term's seconds")
     plan.set_defaults(func=command)
+
+
+def _recipe_only(args):
+    return (
+        ("--measure", args.measure),
+        ("--strategies", args.strategies),
+        ("--bus-gbps", args.bus_gbps),
+        ("--inter-node-gbps", args.inter_node_gbps),
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--set", args.set),
+        ("--out", args.out),
+    )
+
+
+def _offline_only(args):
+    return (
+        ("--shape", args.shape),
+        ("--seq-len", args.seq_len),
+        ("--global-batch", args.global_batch),
+        ("--float8", args.float8),
+        ("--terms", args.terms),
+    )
+
+
+def offline(args: argparse.Namespace) -> int:
+    """--validate / --hardware: the analytic plan, no recipe, no GPU."""
+    from paratrain.plan import command, offline
+
+    if args.recipe:
+        raise UserError("plan: --validate / --hardware take no recipe")
+    given = [flag for flag, value in _recipe_only(args) if value]
+    if given:
+        raise UserError(f"plan: {given[0]} needs a recipe; --validate / --hardware take none")
+    if args.validate:
+        extra = [f for f, v in _offline_only(args) if v and f != "--terms"]
+        if extra:
+            raise UserError(f"plan --validate: {extra[0]} is the table's own; leave it out")
+        return offline.run_validate(args.validate, args.hardware, args.terms)
+    if args.terms:
+        raise UserError("plan: --terms goes with --validate")
+    if not args.shape:
+        raise UserError("plan --hardware: give --shape (e.g. llama3.1-70b)")
+    for flag, value in (("--seq-len", args.seq_len), ("--global-batch", args.global_batch)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag}: must be >= 1, got {value}")
+    return offline.run_layouts(
+        args.hardware,
+        args.shape,
+        command.parse_scales(args.gpus, "--gpus"),
+        seq_len=args.seq_len or 8192,
+        global_batch=args.global_batch,
+        float8=args.float8,
+    )
 
 
 def command(args: argparse.Namespace) -> int:
     from paratrain.plan import command
     from paratrain.runplan import plan_of
 
+    if args.validate or args.hardware:
+        return offline(args)
+    if not args.recipe:
+        raise UserError("plan: give a recipe, or --validate / --hardware with --shape")
+    given = [flag for flag, value in _offline_only(args) if value]
+    if given:
+        raise UserError(f"plan: {given[0]} goes with --hardware (no recipe)")
     if not Path(args.recipe).is_file():
         raise UserError(f"recipe: no such file {args.recipe}")
     from paratrain.runplan.levers import unsettled

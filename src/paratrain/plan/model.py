@@ -213,9 +213,21 @@ def hsdp_step(cal: Calibration, n: int, links: Links) -> dict[str, float]:
     }
 
 
-def bubble(stages: int, microbatches: int) -> float:
-    """The idle share of a GPipe / 1F1B step: (p-1)/(m+p-1)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble(stages: int, microbatches: int, per_rank: int = 1) -> float:
+    """The idle share of a GPipe / 1F1B step: (p-1)/(m+p-1). With `per_rank` = v stages on each
+    rank (interleaved 1F1B, Narayanan et al. 2021) a rank's work is m x v chunks of 1/v of its
+    layers and the fill and drain still take p-1 chunks: (p-1)/(v m + p-1)."""
+    return (stages - 1) / (per_rank * microbatches + stages - 1)
+
+
+def collective_s(whole_bytes: float, n: int, bus_gbps: float, kind: str = "all_gather") -> float:
+    """Seconds of one all-gather / reduce-scatter (whole_bytes: the gathered tensor, or the
+    tensor reduced) or all-reduce over n GPUs at `bus_gbps` of bus bandwidth (nccl-tests'
+    busbw: time = bytes x factor / busbw, the factor shard(n) or ring(n))."""
+    if n <= 1:
+        return 0.0
+    factor = ring(n) if kind == "all_reduce" else shard(n)
+    return whole_bytes * factor / (bus_gbps * 1e9)
 
 
 def scaling_efficiency(strategy: str, cal: Calibration, n: int, bus_gbps: float, **kw) -> float:

