@@ -103,26 +103,34 @@ def outcome(where: Path, run_dir: str | None) -> int:
     return 1
 
 
-def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path]:
+def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | str:
+    """The full tracebacks in <run dir>/errors/, or why they could not be written there (a
+    full disk, a folder gone): the report must say the workers' error whatever happens here."""
     folder = Path(run_dir or ".") / "errors"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for f in failures:
-        path = folder / f"rank{f['rank']}.txt"
-        path.write_text(f["traceback"])
-        paths.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for f in failures:
+            path = folder / f"rank{f['rank']}.txt"
+            path.write_text(f["traceback"])
+            paths.append(path)
+    except OSError as e:
+        return f"not saved ({folder}: {e.strerror or e})"
     return paths
 
 
-def failure_report(failures: list[dict], paths: list[Path]) -> str:
+def failure_report(failures: list[dict], paths: list[Path] | str) -> str:
     first = failures[0]
     others = len(failures) - 1
+    saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
     lines = [
         f"paratrain: rank {first['rank']} failed first: {first['type']}: {first['message']}",
         f"  at {first['frame']}",
-        f"  full tracebacks: {', '.join(map(str, paths))}"
+        f"  full tracebacks: {saved}"
         + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""),
     ]
+    if isinstance(paths, str):  # not in a file: the first rank's here, the news of the job
+        lines += [f"rank {first['rank']}'s traceback:", first["traceback"].rstrip()]
     return "\n".join(lines)
 
 
