@@ -78,3 +78,57 @@ def test_the_failure_report_says_the_error_when_it_cannot_save_tracebacks(tmp_pa
     assert job.outcome(where, str(tmp_path / "run")) == 1  # a writable run folder: the files
     assert (tmp_path / "run" / "errors" / "rank1.txt").read_text().endswith("rank 1\n")
     assert "not saved" not in capsys.readouterr().err
+
+
+def test_the_watchdog_speaks_within_half_the_collective_timeout():
+    from paratrain.trainer.watchdog import limit_for
+
+    assert limit_for(60, 600) == 60  # the defaults: as asked
+    assert limit_for(60, 30) == 15  # a short collective timeout: the watchdog first
+    assert limit_for(0, 30) == 0  # off stays off
+
+
+def entry(seq: int, op: str = "gloo:all_reduce") -> dict:
+    return {
+        "process_group": ["0", "default_pg"],
+        "collective_seq_id": seq,
+        "profiling_name": op,
+        "input_sizes": [[1]],
+        "state": "started",
+        "frames": [{"filename": "/x/interrupts.py", "line": 80, "name": "stop_at"}],
+    }
+
+
+def test_a_hang_names_the_stopped_rank_and_the_collective_rank_0_waits_in(tmp_path, capsys):
+    """Rank 0's collective gave up (dist.timeout_s) while rank 1 was stopped: the report names
+    rank 1 and, from the flight recorder's dumps (rank 1's absent: it was stopped), the
+    collective rank 0 waited in; rank 0's timeout comes after."""
+    import pickle
+
+    from paratrain.errors import HANGS
+    from paratrain.flight import note_job
+
+    where, run = tmp_path / "launch", tmp_path / "run"
+    where.mkdir()
+    (where / "failure_rank_00000.json").write_text(json.dumps(failure(0, 10.0)))
+    hang = {"rank": 1, "step": 4, "phase": "between steps", "silent": True, "since": 5.0}
+    (where / HANGS).write_text(json.dumps([hang]))
+    dumps = run / "flight_recorder"
+    note_job(dumps, 2, {"rank": 1})
+    dump = {"entries": [entry(45), entry(46)], "pg_config": {"0": {"ranks": "[0, 1]"}}}
+    (dumps / "rank_0").write_bytes(pickle.dumps(dump))
+    assert job.outcome(where, str(run)) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        "paratrain: rank 1 stopped sending heartbeats (between steps, step 4); the others "
+        "waited for it in gloo:all_reduce #46 [[1]] (interrupts.py:80 stop_at)"
+    )
+    assert lines[1] == "  then rank 0 gave up: RuntimeError: boom"
+    (dumps / "rank_0").unlink()  # no flight recorder (dist.flight_recorder=0): the rank alone
+    job.outcome(where, str(run))
+    assert capsys.readouterr().err.splitlines()[0].endswith("(between steps, step 4)")
+    # a rank stopped only after the first failure is not its cause, nor one that raised
+    for other in ({**hang, "since": 11.0}, {**hang, "rank": 0}):
+        (where / HANGS).write_text(json.dumps([other]))
+        job.outcome(where, str(run))
+        assert capsys.readouterr().err.startswith("paratrain: rank 0 failed first: RuntimeError")
