@@ -75,7 +75,7 @@ def test_a_rank_stopped_past_the_collective_timeout_is_the_jobs_last_word(tmp_pa
     out = tmp_path / "hung"
     p = run_cli(
         args(out, "dist.timeout_s=3", "checkpoint.every_steps=0"),
-        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=8"},
+        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=6"},
         check=False,
     )
     assert p.returncode == 1, p.stderr[-3000:]
