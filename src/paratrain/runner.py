@@ -164,6 +164,8 @@ def execute(plan: RunPlan) -> int:
         return 0
     preflight(plan)
     if not plan.multiprocess:
+        if not plan.config.output_dir:  # runs/ under the working folder: one line, not mkdir's
+            writable_folder(default_output_dir(plan.config.name), "output_dir")
         train(plan)
         return 0
     return launch_workers(with_output_dir(plan))

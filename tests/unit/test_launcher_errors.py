@@ -54,6 +54,16 @@ def test_an_unwritable_output_dir_is_refused_before_any_worker_starts(tmp_path, 
     assert list(tmp_path.iterdir()) == []  # ...and the probe leaves nothing behind
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_the_default_run_folder_under_an_unwritable_working_folder_is_one_line(
+    nproc, capsys, monkeypatch
+):
+    monkeypatch.chdir("/proc")  # runs/<name>-<time> would go here
+    assert main(["run", str(RECIPES / "tiny_cpu.yaml"), "--nproc", nproc]) == 2
+    assert "output_dir: cannot write into /proc" in one_error_line(capsys)
+
+
 def failure(rank: int, when: float) -> dict:
     return {
         "rank": rank,
