@@ -17,6 +17,9 @@ from pathlib import Path
 # Set by the launching command for its workers: where a worker that finds a user mistake
 # leaves its line, so the command prints it once for the whole job.
 ERROR_DIR = "PARATRAIN_ERROR_DIR"
+HANGS = "watchdog.json"
+"""In $PARATRAIN_ERROR_DIR: the ranks rank 0's watchdog finds stopped or behind now, for the
+command to name them should the others' collectives give up (job.py)."""
 
 
 class UserError(ValueError):

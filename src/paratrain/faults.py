@@ -65,6 +65,9 @@ def after_step(rank: int, step: int) -> None:
             time.sleep(fault.seconds)
         if fault.kind == "sigstop":  # someone else must send SIGCONT: a shell started now
             pid = os.getpid()
+            # a stop may come at any moment; this one comes once the heartbeat thread has
+            # had its turn (trainer/watchdog.py's GAP_S) to say where the rank is
+            time.sleep(0.5)
             subprocess.Popen(["sh", "-c", f"sleep {fault.seconds}; kill -CONT {pid}"])
             os.kill(pid, signal.SIGSTOP)
 

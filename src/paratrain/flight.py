@@ -164,15 +164,22 @@ def _behind_lines(
     return lines
 
 
-def _group_lines(
-    gid: str, per_rank: dict[int, list[dict]], world: list[int], groups: dict, dumps: dict
-) -> list[str]:
-    """One process group: every member level, or who is behind on which collective."""
+def _level(gid: str, per_rank: dict[int, list[dict]], world: list[int], groups: dict, dumps):
+    """One process group: its name, members, each dumped member's newest sequence number, the
+    newest of all, and the members behind it."""
     name = next(iter(per_rank.values()))[0]["process_group"][1]
     members = world if name == "default_pg" else groups.get(gid) or sorted(per_rank)
     last = _last_seq(members, per_rank, dumps)
     top = max(last.values(), default=-1)
     behind = sorted(r for r in members if r not in dumps or last.get(r, -1) < top)
+    return name, members, last, top, behind
+
+
+def _group_lines(
+    gid: str, per_rank: dict[int, list[dict]], world: list[int], groups: dict, dumps: dict
+) -> list[str]:
+    """One process group: every member level, or who is behind on which collective."""
+    name, members, last, top, behind = _level(gid, per_rank, world, groups, dumps)
     head = f"group {gid} ({name}, ranks {members})"
     if behind:
         return _behind_lines(head, per_rank, last, top, behind)
@@ -181,13 +188,37 @@ def _group_lines(
     return [f"{head}: every rank entered {_describe(ahead[-1])} ({state})"]
 
 
+def _world(dumps: dict[int, dict], groups: dict, world_size: int | None) -> list[int]:
+    """The job's ranks: world_size's, else those the dumps name."""
+    if world_size:
+        return list(range(world_size))
+    return sorted({r for ranks in groups.values() for r in ranks} | set(dumps))
+
+
+def waited_in(folder: str | Path, rank: int) -> str | None:
+    """The collective the other ranks wait in for `rank`, from the dumps in folder:
+    "gloo:all_reduce #46 [[1]] (interrupts.py:80 stop_at)" (one that rank did not enter); None when
+    there are no readable dumps or rank is behind in none of their groups."""
+    try:
+        dumps = read_dumps(folder)
+    except (UserError, OSError):
+        return None
+    groups = _group_ranks(dumps)
+    world = _world(dumps, groups, read_job(dump_folder(folder)).get("world_size"))
+    for gid, per_rank in sorted(_collectives(dumps).items()):
+        _, _, last, top, behind = _level(gid, per_rank, world, groups, dumps)
+        waiting = sorted(r for r in last if last[r] == top)
+        if rank in behind and waiting:
+            entry = next(e for e in per_rank[waiting[0]] if e["collective_seq_id"] == top)
+            return f"{_describe(entry)} ({_where(entry)})"
+    return None
+
+
 def analyze(dumps: dict[int, dict], world_size: int | None = None) -> list[str]:
     """-> lines naming, per process group, the first collective not every member entered.
     world_size: the job's ranks (else those the dumps name)."""
     groups = _group_ranks(dumps)
-    world = sorted({r for ranks in groups.values() for r in ranks} | set(dumps))
-    if world_size:
-        world = list(range(world_size))
+    world = _world(dumps, groups, world_size)
     lines = [
         f"rank {r}: no dump (stopped, killed, or stuck outside Python)"
         for r in world

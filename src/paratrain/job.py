@@ -19,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from paratrain.errors import INTERRUPTED, Interrupted, UserError, first_worker_error
+from paratrain.errors import HANGS, INTERRUPTED, Interrupted, UserError, first_worker_error
+from paratrain.flight import waited_in
 
 MARKER = "interrupt_requested"
 """The launch asked its workers to stop (a worker's SIGTERM then means the same)."""
@@ -96,33 +97,74 @@ def outcome(where: Path, run_dir: str | None) -> int:
             file=sys.stderr,
         )
         return 130
+    hang = hang_line(where, run_dir)
     if not failures:
-        print("paratrain: training failed; the workers' errors are above", file=sys.stderr)
+        print(
+            hang[0] if hang else "paratrain: training failed; the workers' errors are above",
+            file=sys.stderr,
+        )
         return 1
-    print(failure_report(failures, save_tracebacks(failures, run_dir)), file=sys.stderr)
+    first = failures[0]
+    if hang and (hang[1]["since"] > first["time"] or hang[1]["rank"] == first["rank"]):
+        hang = None  # it began after the first failure, or the rank itself raised: no hang
+    report = failure_report(failures, save_tracebacks(failures, run_dir), hang and hang[0])
+    print(report, file=sys.stderr)
     return 1
 
 
-def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path]:
+def hang_line(where: Path, run_dir: str | None) -> tuple[str, dict] | None:
+    """The rank rank 0's watchdog last found stopped (or behind) and the collective the others
+    wait in for it (the flight recorder's dumps) -> (the line, the watchdog's record). The first rank to
+    fail is then only the first whose collective gave up (dist.timeout_s): the news is the
+    rank it waited for."""
+    try:
+        hangs = json.loads((where / HANGS).read_text())
+    except (OSError, ValueError):
+        return None
+    if not hangs:
+        return None
+    h = min(hangs, key=lambda h: h["since"])  # the longest stopped
+    what = "stopped sending heartbeats" if h["silent"] else "fell behind"
+    line = f"paratrain: rank {h['rank']} {what} ({h['phase']}, step {h['step']})"
+    collective = waited_in(Path(run_dir) / "flight_recorder", h["rank"]) if run_dir else None
+    line += f"; the others waited for it in {collective}" if collective else ""
+    return line, h
+
+
+def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | str:
+    """The full tracebacks in <run dir>/errors/, or why they could not be written there (a
+    full disk, a folder gone): the report must say the workers' error whatever happens here."""
     folder = Path(run_dir or ".") / "errors"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for f in failures:
-        path = folder / f"rank{f['rank']}.txt"
-        path.write_text(f["traceback"])
-        paths.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for f in failures:
+            path = folder / f"rank{f['rank']}.txt"
+            path.write_text(f["traceback"])
+            paths.append(path)
+    except OSError as e:
+        return f"not saved ({folder}: {e.strerror or e})"
     return paths
 
 
-def failure_report(failures: list[dict], paths: list[Path]) -> str:
+def failure_report(failures: list[dict], paths: list[Path] | str, hang: str | None = None) -> str:
+    """The rank that failed first (or, first, the rank a hang waited for: hang_line), its
+    exception, the user's frame, where the tracebacks are."""
     first = failures[0]
     others = len(failures) - 1
+    saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+    failed = f"rank {first['rank']} failed first: {first['type']}: {first['message']}"
+    if hang:
+        failed = f"then rank {first['rank']} gave up: {first['type']}: {first['message']}"
     lines = [
-        f"paratrain: rank {first['rank']} failed first: {first['type']}: {first['message']}",
+        *([hang] if hang else []),
+        f"{'  ' if hang else 'paratrain: '}{failed}",
         f"  at {first['frame']}",
-        f"  full tracebacks: {', '.join(map(str, paths))}"
+        f"  full tracebacks: {saved}"
         + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""),
     ]
+    if isinstance(paths, str):  # not in a file: the first rank's here, the news of the job
+        lines += [f"rank {first['rank']}'s traceback:", first["traceback"].rstrip()]
     return "\n".join(lines)
 
 

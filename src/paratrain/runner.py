@@ -78,8 +78,11 @@ def writable_folder(path: str, key: str) -> None:
     ancestor = next(a for a in (p, *p.parents) if a.exists())
     if not ancestor.is_dir():
         raise UserError(f"{key}: {path} lies under the file {ancestor}; give a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise UserError(f"{key}: cannot write into {ancestor}")
+    # a real try, not os.access: root passes os.access on /proc or a read-only mount
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".paratrain-probe-", dir=ancestor))
+    except OSError as e:
+        raise UserError(f"{key}: cannot write into {ancestor} ({e.strerror})") from None
 
 
 def _forkable_main() -> bool:
@@ -140,6 +143,7 @@ def with_output_dir(plan: RunPlan) -> RunPlan:
     if plan.config.output_dir:
         return plan
     cfg = dataclasses.replace(plan.config, output_dir=default_output_dir(plan.config.name))
+    writable_folder(cfg.output_dir, "output_dir")  # runs/ under a folder this user may not write
     return dataclasses.replace(plan, config=cfg)
 
 
@@ -160,6 +164,8 @@ def execute(plan: RunPlan) -> int:
         return 0
     preflight(plan)
     if not plan.multiprocess:
+        if not plan.config.output_dir:  # runs/ under the working folder: one line, not mkdir's
+            writable_folder(default_output_dir(plan.config.name), "output_dir")
         train(plan)
         return 0
     return launch_workers(with_output_dir(plan))

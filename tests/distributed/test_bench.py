@@ -1,6 +1,7 @@
 """`paratrain bench` and `report` end to end on the CPU."""
 
 import os
+import re
 import sqlite3
 
 import pytest
@@ -119,3 +120,60 @@ def test_bad_sweep_is_one_line_exit_2(tmp_path):
         and proc.stderr.count("\n") == 1
     )
     assert not (tmp_path / "r.db").exists()
+
+
+def test_two_bench_processes_on_one_file_run_each_run_once(tmp_path):
+    """Two `paratrain bench` processes started together on one results file split the sweep:
+    each run runs once, a failed one included (the other process does not retry it); under
+    --rerun, runs that succeeded before too. The runs raise in their builder once both
+    processes have joined the sweep's pass (else a slow start could leave one process the
+    whole sweep, and the other a later invocation, which retries what failed)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "r.db"
+    (tmp_path / "flaky.py").write_text(
+        "import sqlite3, time\n"
+        "def boom(num_classes, in_channels):\n"
+        "    for _ in range(600):\n"
+        f"        with sqlite3.connect({str(db)!r}) as db:\n"
+        "            if db.execute('SELECT count(*) FROM passes').fetchone()[0] == 2:\n"
+        "                break\n"
+        "        time.sleep(0.1)\n"
+        "    raise RuntimeError('model exploded')\n"
+    )
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"""
+name: split
+recipe: {RECIPES / "tiny_cpu.yaml"}
+table: plain
+set: {{train.max_steps: 2, model.name: "flaky:boom", log.progress: false, strategy: single}}
+variants:
+  - {{label: boom}}
+  - {{label: bust, set: {{train.lr: 0.5}}}}
+timeout_s: 300
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "paratrain", "bench", sweep, "--db", db, "--no-progress"]
+    args += ["--runs-dir", tmp_path / "runs"]
+
+    def two_at_once(*more) -> list[str]:
+        """-> each run the two processes ran, from their "[i/n] label ... #r: status" lines."""
+        procs = [
+            subprocess.Popen([*map(str, args), *more], stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        lines = (
+            re.match(r"\[\d+/\d+\] (\S+) .*(#\d+): (\w+)", x) for o in outs for x in o.splitlines()
+        )
+        return sorted(" ".join(m.groups()) for m in lines if m)
+
+    # each run once; with the runs of a finished process no longer claimed, the other one
+    # retried every failed run (issue 50)
+    assert two_at_once() == ["boom #0 failed", "bust #0 failed"]
+    with sqlite3.connect(db) as con:  # as if they had succeeded before
+        con.execute("UPDATE runs SET status = 'ok'")
+    assert two_at_once("--rerun") == ["boom #0 failed", "bust #0 failed"]  # once each again

@@ -68,6 +68,28 @@ def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(stopped):
     assert "was entered by rank 0" in read.stdout and "but not by 1" in read.stdout, read.stdout
 
 
+def test_a_rank_stopped_past_the_collective_timeout_is_the_jobs_last_word(tmp_path):
+    """Rank 1 stopped for longer than dist.timeout_s (3 s): rank 0's collective gives up
+    first, yet the job's report names rank 1, the step it stopped after and the collective
+    rank 0 waited in; the watchdog (60 s asked) spoke within half the collective timeout."""
+    out = tmp_path / "hung"
+    p = run_cli(
+        args(out, "dist.timeout_s=3", "checkpoint.every_steps=0"),
+        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=6"},
+        check=False,
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "watchdog: rank 1 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
+    assert "(last: between steps, step 4)" in p.stderr, p.stderr[-3000:]
+    report = p.stderr[p.stderr.index("paratrain: rank 1 stopped") :].splitlines()
+    assert report[0].startswith(
+        "paratrain: rank 1 stopped sending heartbeats (between steps, step 4); the others "
+        "waited for it in gloo:"
+    ), report
+    assert report[1].startswith("  then rank 0 gave up: ") and "Timed out" in report[1], report
+    assert "failed first" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
 def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path, stopped):
     """Two torchrun agents on this machine as two nodes (c10d rendezvous, one worker each):
     a worker killed after step 3 brings both nodes' workers back (the other node's agent

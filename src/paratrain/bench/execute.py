@@ -170,6 +170,8 @@ def run_sweep(
     sweep: Sweep, store: Store, runs_dir: Path, *, rerun: bool = False, progress: bool = True
 ) -> dict[str, int]:
     store.save_sweep(sweep.name, sweep.table, sweep.spec, _now())
+    # with the other bench processes running this sweep on this file now: each run once
+    pass_id = store.join_pass(sweep.name)
     todo = [r for r in sweep.runs if rerun or store.status_of(r.key) != "ok"]
     counts = {
         "ok": 0,
@@ -203,18 +205,19 @@ def run_sweep(
             what = f"{run.label} {_describe(run.params)} #{run.repeat}"
             if bar:
                 bar.update(task, current=what)
-            if not store.claim(run.key, rerun=rerun):  # another sweep on this file has it
+            limit = run.timeout_s or sweep.timeout_s
+            # another process on this file runs it, or ran it in this pass
+            if not store.claim(run.key, rerun=rerun, pass_id=pass_id, lease_s=limit + 60):
                 counts["run by another process"] += 1
                 if bar:
                     bar.advance(task)
                 continue
             try:
-                row = execute_run(
-                    run, runs_dir / sweep.name / run.key, run.timeout_s or sweep.timeout_s
-                )
-                store.put(row)
-            finally:
-                store.release(run.key)
+                row = execute_run(run, runs_dir / sweep.name / run.key, limit)
+                store.put(row)  # its claim done: not run again in this pass
+            except BaseException:
+                store.release(run.key)  # interrupted: another process may run it
+                raise
             counts[row.status] += 1
             line = f"[{i + 1}/{len(todo)}] {what}: {row.status}"
             if row.status == "ok" and row.unique_samples_per_s:
@@ -225,6 +228,7 @@ def run_sweep(
             if bar:
                 bar.advance(task)
     finally:
+        store.leave_pass()
         if bar:
             bar.stop()
     return counts

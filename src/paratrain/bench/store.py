@@ -3,11 +3,19 @@
 WAL journal: a report can read the file while a sweep writes it. Each run's row is committed as
 soon as the run ends, so a crash of the sweep loses no finished run. Several sweeps may share one
 file at once: a run is claimed (table claims, in one IMMEDIATE transaction) before it starts, so
-each run key is run by one process; a claim whose process is gone (same host) is taken over.
+each run key is run by one process; a claim whose process is gone (same host) or whose lease ran
+out (its run's time limit and a minute: another host's) is taken over.
+
+Bench processes running one sweep on one file at the same time form one pass (table passes: the
+first to start opens it, the others join it while a member lives): in a pass each run runs once,
+a failed run's retry and `--rerun` included; its claim stays, marked done, for the pass's other
+members. A later invocation opens a new pass: failed runs are tried again, and `--rerun` runs
+everything once more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -43,7 +51,16 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS claims (
     run_key TEXT PRIMARY KEY,
     owner TEXT NOT NULL,           -- host:pid of the process running it
-    claimed_at TEXT NOT NULL
+    claimed_at TEXT NOT NULL,
+    pass_id TEXT,                  -- the pass it was claimed in (see passes)
+    expires REAL,                  -- its lease (unix time): past it, taken over
+    done INTEGER NOT NULL DEFAULT 0  -- its run's row is written
+);
+CREATE TABLE IF NOT EXISTS passes (
+    owner TEXT PRIMARY KEY,        -- host:pid of a bench process
+    sweep TEXT NOT NULL,
+    pass_id TEXT NOT NULL,         -- the pass it joined
+    expires REAL NOT NULL          -- its lease (unix time): past it, gone whatever its host
 );
 CREATE TABLE IF NOT EXISTS sweeps (
     name TEXT PRIMARY KEY,
@@ -113,6 +130,7 @@ class Store:
                 with closing(self._connect()) as db, db:
                     db.execute("PRAGMA journal_mode=WAL")
                     db.executescript(SCHEMA)
+                    _add_claim_columns(db)
                 break
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) or attempt == 99:
@@ -122,29 +140,67 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
 
-    def claim(self, run_key: str, *, rerun: bool = False, owner: str | None = None) -> bool:
-        """Take run_key for this process: False when it is done (unless rerun) or another live
-        process holds it."""
-        owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        db = self._connect()
-        db.isolation_level = None  # transactions by hand: BEGIN IMMEDIATE takes the write lock
-        try:
-            db.execute("BEGIN IMMEDIATE")
+    def join_pass(self, sweep: str, owner: str | None = None, lease_s: float = 600.0) -> str:
+        """The pass of `sweep` this process runs in: a live one's (another bench process on
+        this file runs the sweep now), else a new one."""
+        owner, now = owner or me(), time.time()
+        with _immediate(self._connect()) as db:
+            rows = db.execute(
+                "SELECT owner, pass_id, expires FROM passes WHERE sweep = ?", (sweep,)
+            ).fetchall()
+            live = [p for o, p, x in rows if _live(o, x, owner)]
+            gone = [(o,) for o, p, x in rows if not _live(o, x, owner)]  # (and my leftover)
+            db.executemany("DELETE FROM passes WHERE owner = ?", gone)
+            pass_id = live[0] if live else f"{owner}@{now:.6f}"
+            db.execute(
+                "INSERT OR REPLACE INTO passes VALUES (?, ?, ?, ?)",
+                (owner, sweep, pass_id, now + lease_s),
+            )
+        return pass_id
+
+    def leave_pass(self, owner: str | None = None) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute("DELETE FROM passes WHERE owner = ?", (owner or me(),))
+
+    def claim(
+        self,
+        run_key: str,
+        *,
+        rerun: bool = False,
+        owner: str | None = None,
+        pass_id: str | None = None,
+        lease_s: float = 86400.0,
+    ) -> bool:
+        """Take run_key for this process: False when it is done (unless rerun), ran or runs in
+        this pass, or another live process holds it. The claim's lease: lease_s (the run's
+        time limit and a margin), after which another host's process may take it over."""
+        owner, now = owner or me(), time.time()
+        with _immediate(self._connect()) as db:
             done = db.execute("SELECT status FROM runs WHERE run_key = ?", (run_key,)).fetchone()
-            held = db.execute("SELECT owner FROM claims WHERE run_key = ?", (run_key,)).fetchone()
-            if (done and done[0] == "ok" and not rerun) or (held and _alive(held[0], owner)):
-                db.execute("ROLLBACK")
+            held = db.execute(
+                "SELECT owner, pass_id, expires, done FROM claims WHERE run_key = ?", (run_key,)
+            ).fetchone()
+            holder, held_pass, expires, finished = held or (None, None, None, 1)
+            if (
+                (done and done[0] == "ok" and not rerun)
+                or (not finished and _live(holder, expires, owner))  # running elsewhere
+                or (pass_id is not None and held_pass == pass_id and finished)  # ran in this pass
+            ):
                 return False
             db.execute(
-                "INSERT OR REPLACE INTO claims VALUES (?, ?, ?)",
-                (run_key, owner, time.strftime("%Y-%m-%dT%H:%M:%S")),
+                "INSERT OR REPLACE INTO claims (run_key, owner, claimed_at, pass_id, expires, "
+                "done) VALUES (?, ?, ?, ?, ?, 0)",
+                (run_key, owner, time.strftime("%Y-%m-%dT%H:%M:%S"), pass_id, now + lease_s),
             )
-            db.execute("COMMIT")
-            return True
-        finally:
-            db.close()
+            # a member running a long run stays a member (its lease as long as the run's)
+            db.execute(
+                "UPDATE passes SET expires = max(expires, ?) WHERE owner = ?",
+                (now + lease_s, owner),
+            )
+        return True
 
     def release(self, run_key: str) -> None:
+        """The claim given up (the run did not end: interrupted): another process may run it."""
         with closing(self._connect()) as db, db:
             db.execute("DELETE FROM claims WHERE run_key = ?", (run_key,))
 
@@ -165,11 +221,12 @@ class Store:
             json.dumps(getattr(row, c), default=str) if c in _JSON else getattr(row, c)
             for c in COLUMNS
         ]
-        with closing(self._connect()) as db, db:
+        with closing(self._connect()) as db, db:  # the row and its claim's end: one transaction
             db.execute(
                 f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                 values,
             )
+            db.execute("UPDATE claims SET done = 1 WHERE run_key = ?", (row.run_key,))
 
     def status_of(self, run_key: str) -> str | None:
         with closing(self._connect()) as db:
@@ -205,6 +262,48 @@ class Store:
                 w = csv.writer(f)
                 w.writerow(header)
                 w.writerows(cur.fetchall())
+
+
+def me() -> str:
+    """This process, as claims and passes name it."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _add_claim_columns(db: sqlite3.Connection) -> None:
+    """A file made before passes and leases: its claims table gets their columns."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(claims)")}
+    for column in ("pass_id TEXT", "expires REAL", "done INTEGER NOT NULL DEFAULT 0"):
+        if column.split()[0] not in have:
+            try:
+                db.execute(f"ALTER TABLE claims ADD COLUMN {column}")
+            except sqlite3.OperationalError as e:  # another process added it meanwhile
+                if "duplicate column" not in str(e):
+                    raise
+
+
+@contextlib.contextmanager
+def _immediate(db: sqlite3.Connection):
+    """One transaction holding the file's write lock from its start (BEGIN IMMEDIATE): what it
+    reads no other process changes before it commits."""
+    db.isolation_level = None  # transactions by hand
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    finally:
+        db.close()
+
+
+def _live(holder: str | None, expires: float | None, me: str) -> bool:
+    """Whether a claim's or a member's process still counts: not this process's leftover, its
+    lease not run out, and, on this host, its process running."""
+    if holder is None or (expires is not None and time.time() > expires):
+        return False
+    return _alive(holder, me)
 
 
 def _alive(holder: str, me: str) -> bool:

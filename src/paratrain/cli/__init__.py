@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from paratrain.cli import bench, comm, demo, doctor, export, flight, plan, report, run, tune
@@ -34,8 +35,41 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the house's errors: one line, exit 2, no usage block (--help has it)."""
+
+    def error(self, message: str):
+        print(f"paratrain: error: {flag_error(self, message)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+_BAD_NUMBER = re.compile(r"argument (\S+?)(?:/\S+)?: invalid (int|float) value: '(.*)'")
+
+
+def flag_error(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's message, a bad number said with the flag and an example of a good one."""
+    bad = _BAD_NUMBER.fullmatch(message)
+    if not bad:
+        return f"{message} (see {parser.prog} --help)"
+    flag, kind, value = bad.groups()
+    action = next((a for a in parser._actions if flag in a.option_strings), None)
+    example = getattr(action, "default", None)
+    if example is None or example is argparse.SUPPRESS:
+        example = 2 if kind == "int" else 0.5
+    what = "a whole number" if kind == "int" and _is_float(value) else "a number"
+    return f"{flag}: '{value}' is not {what} (e.g. {flag} {example})"
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="paratrain",
         description="Train PyTorch models on one GPU, many GPUs and many nodes; measure which "
         "way is fastest.",

@@ -62,8 +62,10 @@ class DistConfig:
     aborts it; gloo raises): a rank that died or hangs costs at most this long."""
     watchdog_s: float = 60.0
     """A rank whose step has not finished this many seconds after the others' (or after the
-    running median step time x 10, if longer) is named, with its phase, on rank 0's output;
-    0: no watchdog."""
+    running median step time x 10, if longer) is named, with its phase, on rank 0's output,
+    and by the job's last line should the others' collective then give up. At most half of
+    dist.timeout_s is used (a shorter collective timeout shortens it: the watchdog speaks
+    first); 0: no watchdog."""
     flight_recorder: int = 2000
     """Collectives each rank remembers (PyTorch's flight recorder, NCCL and gloo), dumped to
     <output_dir>/flight_recorder/ when the watchdog names a rank and when an NCCL collective

@@ -32,7 +32,7 @@ from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
 from paratrain.trainer.report import Reporter
 from paratrain.trainer.setup import announce, setup, tidy
 from paratrain.trainer.step import choose_step
-from paratrain.trainer.watchdog import Watchdog
+from paratrain.trainer.watchdog import Watchdog, limit_for
 
 
 class Trainer:
@@ -46,7 +46,7 @@ class Trainer:
         self.watchdog = Watchdog(
             env.rank,
             env.world_size,
-            cfg.dist.watchdog_s,
+            limit_for(cfg.dist.watchdog_s, cfg.dist.timeout_s),
             dump_dir=run.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
             backend=env.backend,
         )

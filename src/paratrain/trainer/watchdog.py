@@ -1,12 +1,15 @@
 """Hang and straggler detection: every rank's heartbeat in the job's store, read by rank 0.
 
 A rank's loop says where it is (the step it started, the phase: the step itself, a checkpoint,
-evaluation, between steps); a thread of its own writes that to the c10d store every second,
-with the time. Rank 0's thread reads them all. A rank whose heartbeat stops (the process was
-stopped, or hangs outside Python holding the interpreter) or that has been behind the others
-for more than dist.watchdog_s is named once, with its phase, while the others wait for it in
-their next collective; dist.timeout_s later the collective gives up and the job fails (or the
-agent restarts it). Slow steps are also timed by the loop itself (`StallMeter`), reported in
+evaluation, between steps); a thread of its own writes that to the c10d store as soon as it
+changes (at most every GAP_S) and every second, with the time. Rank 0's thread reads them all.
+A rank whose heartbeat stops (the process was stopped, or hangs outside Python holding the
+interpreter) or that has been behind the others for longer than the watchdog's limit
+(dist.watchdog_s, at most half of dist.timeout_s: `limit_for`) is named once, with its phase,
+while the others wait for it in their next collective; dist.timeout_s later the collective
+gives up and the job fails (or the agent restarts it). Under paratrain's launch rank 0 also
+leaves the ranks it finds stopped or behind in $PARATRAIN_ERROR_DIR (HANGS), so that the
+launching command names them, not the rank whose collective gave up first (job.py). Slow steps are also timed by the loop itself (`StallMeter`), reported in
 result.json and left out of throughput.
 """
 
@@ -22,6 +25,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+
+from paratrain.errors import ERROR_DIR, HANGS
+
+GAP_S = 0.2
+"""The least time between two heartbeats of a rank: a new position is sent within it (the
+report names the step a rank stopped in), and a store sees at most 1 / GAP_S sets per rank per
+second however short the steps."""
+
+
+def limit_for(watchdog_s: float, timeout_s: float) -> float:
+    """The watchdog speaks before the collectives give up (dist.timeout_s), or it would never
+    name the rank the others wait for: its limit is at most half the collective timeout."""
+    return 0.0 if watchdog_s <= 0 else min(watchdog_s, timeout_s / 2)
 
 
 class Watchdog:
@@ -40,7 +56,8 @@ class Watchdog:
         self.reported: set[tuple] = set()
         self.silent_at: dict[int, float] = {}  # when a rank was last reported silent
         self.incidents: list[dict] = []
-        self._stop = threading.Event()
+        self.hangs: dict[int, dict] = {}  # the ranks stopped or behind at the last look
+        self._stop, self._moved = threading.Event(), threading.Event()
         self._thread = None
         if limit_s <= 0 or world < 2 or not dist.is_initialized():
             return
@@ -54,7 +71,8 @@ class Watchdog:
             timeout=timedelta(seconds=30),
         )
         self.store = dist.PrefixStore(f"paratrain/generation_{generation()}/heartbeat/", client)
-        self.interval = interval_s
+        # a few heartbeats within the limit, or a rank between two would look silent
+        self.interval = min(interval_s, limit_s / 4)
         self._send()  # the first one now: a rank may stop before the thread's first turn
         self._thread = threading.Thread(target=self._run, name="paratrain-watchdog", daemon=True)
         self._thread.start()
@@ -62,22 +80,30 @@ class Watchdog:
     def beat(self, started: int, phase: str) -> None:
         """The loop's position: the step it started (1-based) and what it does now."""
         self.started, self.phase, self.since = started, phase, time.time()
+        self._moved.set()  # (a lock taken, no store round trip in the loop)
 
     def stop(self) -> list[dict]:
         self._stop.set()
+        self._moved.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         return self.incidents
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        looked = time.monotonic()
+        while not self._stop.is_set():
+            self._moved.wait(self.interval)  # a new position, or the interval's turn
+            self._moved.clear()
             try:
                 self._send()
-                if self.rank == 0:
-                    self._look()
-                self._dump_when_asked()
+                if time.monotonic() - looked >= self.interval:
+                    looked = time.monotonic()
+                    if self.rank == 0:
+                        self._look()
+                    self._dump_when_asked()
             except Exception:  # noqa: BLE001 - the store went away: the job is ending
                 return
+            self._stop.wait(GAP_S)
 
     def _send(self) -> None:
         body = [self.started, self.phase, self.since, time.time()]
@@ -105,6 +131,7 @@ class Watchdog:
             return
         beats = {r: json.loads(self.store.get(str(r))) for r in range(self.world)}
         where = {r: (b[0], _ORDER[b[1]]) for r, b in beats.items()}
+        hangs = {}
         for r, (started, phase, since, sent) in beats.items():
             ahead = sorted(q for q in beats if where[q] > where[r])
             if now - sent > self.limit:
@@ -124,6 +151,9 @@ class Watchdog:
                 )
             else:
                 continue
+            # since when: its last heartbeat (stopped), or the start of its phase (behind)
+            hangs[r] = {"rank": r, "step": started, "phase": phase, "silent": key[2] == "silent"}
+            hangs[r]["since"] = sent if key[2] == "silent" else since
             if key not in self.reported:
                 self.reported.add(key)
                 self.incidents.append(
@@ -139,6 +169,19 @@ class Watchdog:
                         f"{self.dump_dir}` names the collective that did not arrive)"
                     )
                 print(f"paratrain: watchdog: {line}", file=sys.stderr, flush=True)
+        self._leave_hangs(hangs)
+
+    def _leave_hangs(self, hangs: dict[int, dict]) -> None:
+        """The ranks stopped or behind now, for the launching command's last word should the
+        others' collective give up meanwhile (a rank that catches up leaves the list)."""
+        where = os.environ.get(ERROR_DIR)
+        if not where or hangs == self.hangs:
+            return
+        self.hangs = hangs
+        path = Path(where) / HANGS
+        tmp = path.with_name(f".{HANGS}.tmp")
+        tmp.write_text(json.dumps(list(hangs.values())))
+        os.replace(tmp, path)
 
 
 # Where in a step a phase lies: the step's work, then a checkpoint or evaluation, then the gap
