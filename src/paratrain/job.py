@@ -17,8 +17,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from paratrain import install
 from paratrain.errors import INTERRUPTED, Interrupted, UserError, first_worker_error
 
 MARKER = "interrupt_requested"
@@ -80,7 +82,8 @@ def check_interrupted(where: Path) -> None:
 def outcome(where: Path, run_dir: str | None) -> int:
     """How the workers ended, once: a user mistake (UserError), an interrupt (Interrupted), or
     the rank that failed first, its exception and the user's frame in a few lines, the full
-    tracebacks in <run dir>/errors/rank<r>.txt -> exit code 1."""
+    tracebacks in <run dir>/errors/rank<r>.txt, and where the install explains it (a failed
+    import), the install's problems with their mends -> exit code 1."""
     mistake = first_worker_error(where)
     if mistake:
         raise UserError(mistake)
@@ -99,7 +102,11 @@ def outcome(where: Path, run_dir: str | None) -> int:
     if not failures:
         print("paratrain: training failed; the workers' errors are above", file=sys.stderr)
         return 1
-    print(failure_report(failures, save_tracebacks(failures, run_dir)), file=sys.stderr)
+    first = failures[0]
+    # a failed import far from its cause (a torchvision of another build than torch's): the
+    # install check's line says which package and how to mend it
+    mends = install.explain(first["type"], first["traceback"])
+    print(failure_report(failures, save_tracebacks(failures, run_dir), mends), file=sys.stderr)
     return 1
 
 
@@ -114,16 +121,18 @@ def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path]:
     return paths
 
 
-def failure_report(failures: list[dict], paths: list[Path]) -> str:
+def failure_report(failures: list[dict], paths: list[Path], mends: Sequence[str] = ()) -> str:
+    """The first failure in three lines, then the install's problems that explain it."""
     first = failures[0]
     others = len(failures) - 1
     lines = [
         f"paratrain: rank {first['rank']} failed first: {first['type']}: {first['message']}",
         f"  at {first['frame']}",
+        *([f"  caused by {first['cause']}"] if first.get("cause") else []),
         f"  full tracebacks: {', '.join(map(str, paths))}"
         + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + list(mends))
 
 
 def clean(where: Path) -> None:
