@@ -88,11 +88,17 @@ def torchvision_problems(torch_version: str, tv_version: str | None) -> list[str
 
 
 def requirement_problems(
-    torch_version: str, requires: list[str], installed: dict[str, str | None]
+    torch_version: str,
+    requires: list[str],
+    installed: dict[str, str | None],
+    libraries_load: bool | None = None,
 ) -> list[str]:
     """torch's own pins (triton, the nvidia-* CUDA libraries, cuda-toolkit: `==` or `~=` in its
     wheel's metadata, where the marker applies here) against what is installed. `requires` are
-    importlib.metadata.requires('torch'); `installed` maps each name to its version or None."""
+    importlib.metadata.requires('torch'); `installed` maps each name to its version or None.
+    `libraries_load`: the CUDA libraries loaded on this machine's GPU (None: not tried): then a
+    missing nvidia-* / cuda-* package is no problem (the libraries came from elsewhere, an
+    image's CUDA), while one of another version still is."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     out = []
@@ -106,6 +112,8 @@ def requirement_problems(
             continue
         have = installed.get(req.name)
         mend = f'pip install "{req.name}{req.specifier}"'
+        if have is None and libraries_load and req.name.startswith(("nvidia-", "cuda-")):
+            continue
         if have is None:
             out.append(
                 f"install: {req.name} is missing; torch {torch_version} needs "
@@ -217,14 +225,15 @@ def probe() -> list[str]:
         requires = metadata.requires("torch") or []
     except metadata.PackageNotFoundError:
         requires = []
-    out += requirement_problems(torch.__version__, requires, _installed(requires))
+    tried = bool(torch.version.cuda) and _gpu_present()  # the libraries, loaded on the GPU
+    cuda_error = _run_cuda() if tried else None
+    loads = cuda_error is None if tried else None
+    out += requirement_problems(torch.__version__, requires, _installed(requires), loads)
     if not out:  # a mismatch above explains a failing nms; its own line would repeat it
         line = ops_problem(torch.__version__, tv, _run_nms())
         out += [line] if line else []
-    if torch.version.cuda and _gpu_present():
-        line = cuda_problem(torch.__version__, _run_cuda())
-        out += [line] if line else []
-    return out
+    line = cuda_problem(torch.__version__, cuda_error)
+    return out + ([line] if line else [])
 
 
 def _installed(requires: list[str]) -> dict[str, str | None]:

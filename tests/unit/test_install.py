@@ -58,6 +58,14 @@ def test_triton_and_the_cuda_libraries_against_torchs_pins():
     ]
     have |= {"triton": "3.8.0", "nvidia-nccl-cu13": "2.30.7"}
     assert install.requirement_problems("2.14.1+cu130", requires, have) == []
+    # an image's own CUDA libraries, loaded on its GPU: a missing nvidia-* package is no problem,
+    # a triton or nvidia-* package of another version still is
+    have |= {"nvidia-nccl-cu13": None}
+    assert install.requirement_problems("2.14.1+cu130", requires, have, libraries_load=True) == []
+    have |= {"triton": "3.7.1"}
+    (line,) = install.requirement_problems("2.14.1+cu130", requires, have, libraries_load=True)
+    assert line.startswith("install: triton 3.7.1 does not match")
+    assert len(install.requirement_problems("2.14.1+cu130", requires, have, False)) == 2
 
 
 def test_torchvision_ops_that_do_not_run_and_cuda_libraries_that_do_not_load():
