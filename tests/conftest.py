@@ -43,10 +43,13 @@ def spawn_ranks(target, world: int, folder: Path, timeout: float = 180) -> dict:
     return got
 
 
-def run_cli(args, *, timeout=300, env=None, module="paratrain", check=True):
-    """Run `python -m paratrain ARGS` (or another module) in a subprocess; return the result."""
+def run_cli(args, *, timeout=300, env=None, module="paratrain", check=True, unset=()):
+    """Run `python -m paratrain ARGS` (or another module) in a subprocess; return the result.
+    `unset`: variables left out of its environment (as a user's shell would not have them)."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    for name in unset:
+        full_env.pop(name, None)
     full_env["PYTHONUNBUFFERED"] = "1"
     if env:
         full_env.update(env)

@@ -7,6 +7,7 @@ Each torchrun worker runs ``python -m paratrain.comm CONFIG_JSON``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -101,8 +102,18 @@ def launch_workers(cfg: CommConfig, nproc: int) -> None:
     """`nproc` workers of this module through torchrun's agent (the comm command, doctor)."""
     from paratrain import launch
 
-    argv = launch.torchrun_argv(launch.LaunchConfig(), nproc, write_config(cfg), "paratrain.comm")
-    launch.run_torchrun(argv)
+    config = launch.LaunchConfig()
+    argv = launch.torchrun_argv(config, nproc, write_config(cfg), "paratrain.comm")
+    # the workers' thread count, set here as `paratrain run` sets it: torchrun would set 1 and
+    # print a banner about it; a value the user set stays
+    given = os.environ.get("OMP_NUM_THREADS")
+    if given is None:
+        os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(config, nproc))
+    try:
+        launch.run_torchrun(argv)
+    finally:
+        if given is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def main(argv: list[str]) -> int:

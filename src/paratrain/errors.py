@@ -92,10 +92,31 @@ def record_failure(where: Path, rank: int, e: BaseException) -> None:
                 "type": type(e).__name__,
                 "message": str(e).strip().splitlines()[0][:500] if str(e).strip() else "",
                 "frame": user_frame(frames),
+                "cause": root_cause(e),
                 "traceback": "".join(traceback.format_exception(e)),
             }
         )
     )
+
+
+def root_cause(e: BaseException) -> str | None:
+    """The exception that started a chain ("raise X from Y", or raised while handling Y): a
+    failed import's message often names the symbol, its cause the reason (transformers'
+    "Could not import module 'LlamaConfig'" over "operator torchvision::nms does not exist")."""
+    seen, root = {id(e)}, e
+    while (nxt := _before(root)) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    if root is e:
+        return None
+    text = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {text[0][:300] if text else ''}"
+
+
+def _before(e: BaseException) -> BaseException | None:
+    if e.__cause__ is not None:
+        return e.__cause__
+    return None if e.__suppress_context__ else e.__context__
 
 
 def user_frame(frames) -> str:

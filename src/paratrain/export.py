@@ -74,7 +74,7 @@ def _hf_folder(cfg, tensors: dict[str, torch.Tensor], out: Path) -> str:
             f"missing, {len(unexpected)} extra: {', '.join(names)})"
         )
     model.save_pretrained(out)
-    load_tokenizer(m.path).save_pretrained(out)
+    load_tokenizer(m.path, m.tokenizer).save_pretrained(out)
     return "peft-adapter" if cfg.lora.enabled else "hf-model"
 
 

@@ -17,8 +17,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from paratrain import install
 from paratrain.errors import HANGS, INTERRUPTED, Interrupted, UserError, first_worker_error
 from paratrain.flight import waited_in
 
@@ -81,7 +83,8 @@ def check_interrupted(where: Path) -> None:
 def outcome(where: Path, run_dir: str | None) -> int:
     """How the workers ended, once: a user mistake (UserError), an interrupt (Interrupted), or
     the rank that failed first, its exception and the user's frame in a few lines, the full
-    tracebacks in <run dir>/errors/rank<r>.txt -> exit code 1."""
+    tracebacks in <run dir>/errors/rank<r>.txt, and where the install explains it (a failed
+    import), the install's problems with their mends -> exit code 1."""
     mistake = first_worker_error(where)
     if mistake:
         raise UserError(mistake)
@@ -107,7 +110,10 @@ def outcome(where: Path, run_dir: str | None) -> int:
     first = failures[0]
     if hang and (hang[1]["since"] > first["time"] or hang[1]["rank"] == first["rank"]):
         hang = None  # it began after the first failure, or the rank itself raised: no hang
-    report = failure_report(failures, save_tracebacks(failures, run_dir), hang and hang[0])
+    # a failed import far from its cause (a torchvision of another build than torch's): the
+    # install check's line says which package and how to mend it
+    mends = install.explain(first["type"], first["traceback"])
+    report = failure_report(failures, save_tracebacks(failures, run_dir), hang and hang[0], mends)
     print(report, file=sys.stderr)
     return 1
 
@@ -147,9 +153,15 @@ def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | s
     return paths
 
 
-def failure_report(failures: list[dict], paths: list[Path] | str, hang: str | None = None) -> str:
+def failure_report(
+    failures: list[dict],
+    paths: list[Path] | str,
+    hang: str | None = None,
+    mends: Sequence[str] = (),
+) -> str:
     """The rank that failed first (or, first, the rank a hang waited for: hang_line), its
-    exception, the user's frame, where the tracebacks are."""
+    exception, the user's frame and the exception that started its chain, where the tracebacks
+    are; then the install's problems that explain it."""
     first = failures[0]
     others = len(failures) - 1
     saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
@@ -160,12 +172,13 @@ def failure_report(failures: list[dict], paths: list[Path] | str, hang: str | No
         *([hang] if hang else []),
         f"{'  ' if hang else 'paratrain: '}{failed}",
         f"  at {first['frame']}",
+        *([f"  caused by {first['cause']}"] if first.get("cause") else []),
         f"  full tracebacks: {saved}"
         + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""),
     ]
     if isinstance(paths, str):  # not in a file: the first rank's here, the news of the job
         lines += [f"rank {first['rank']}'s traceback:", first["traceback"].rstrip()]
-    return "\n".join(lines)
+    return "\n".join(lines + list(mends))
 
 
 def clean(where: Path) -> None:

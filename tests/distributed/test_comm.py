@@ -13,7 +13,10 @@ pytestmark = pytest.mark.dist
 def test_comm_times_every_collective_on_two_processes(tmp_path):
     out = tmp_path / "comm"
     args = ["comm", "--nproc", "2", "--device", "cpu", "--dtype", "fp32", "--max-bytes", "8K"]
-    proc = run_cli(args + ["--iters", "2", "--warmup", "1", "--passes", "2", "--out", out])
+    # without OMP_NUM_THREADS, as in a user's shell: torchrun's banner about it is not printed
+    more = ["--iters", "2", "--warmup", "1", "--passes", "2", "--out", out]
+    proc = run_cli(args + more, unset=("OMP_NUM_THREADS",))
+    assert "OMP_NUM_THREADS" not in proc.stdout + proc.stderr, proc.stderr
     result = json.loads((out / "result.json").read_text())
     assert result["backend"] == "gloo" and result["world_size"] == 2 and result["passes"] == 2
     rows = result["rows"]

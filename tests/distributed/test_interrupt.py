@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import TINY, final_weights, max_abs_diff, run_cli
+from conftest import RECIPES, TINY, final_weights, max_abs_diff, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -112,7 +112,7 @@ def test_a_worker_exception_is_a_short_report(tmp_path):
         [sys.executable, "-m", "paratrain", "run", *map(str, sets), "--nproc", "2"]
         + ["--output-dir", str(out)],
         cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": with_path(tmp_path)},
         capture_output=True,
         text=True,
         timeout=180,
@@ -124,3 +124,39 @@ def test_a_worker_exception_is_a_short_report(tmp_path):
     assert f"full tracebacks: {out / 'errors' / 'rank1.txt'}" in report[2], p.stderr
     assert len(report) == 3, p.stderr
     assert "Traceback" in (out / "errors" / "rank1.txt").read_text()
+
+
+def with_path(folder) -> str:
+    """`folder` first on the workers' path, then the one this test runs with (a checkout's src)."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
+def test_a_broken_install_is_named_in_the_report(tmp_path):
+    """issue 50: a torchvision of another build than torch's made transformers' lazy import fail
+    far from the cause. Planted here (its version.py of the other build, its import failing as
+    such a one does): the report gives the chain's first exception and the install's line with
+    the pip command that mends it."""
+    import torch
+
+    from paratrain import install
+
+    other = "cpu" if install.local_tag(torch.__version__) != "cpu" else "cu130"
+    version = f"{install.paired_torchvision(torch.__version__)}.1+{other}"
+    planted = tmp_path / "planted" / "torchvision"
+    planted.mkdir(parents=True)
+    (planted / "version.py").write_text(f"__version__ = '{version}'\n")
+    (planted / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n"
+    )
+    out = tmp_path / "run"
+    p = run_cli(
+        ["run", RECIPES / "tiny_lora_cpu.yaml", "--nproc", "2", "--output-dir", out],
+        env={"PYTHONPATH": with_path(planted.parent)},
+        check=False,
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    report = p.stderr.strip().splitlines()
+    assert report[0].startswith("paratrain: rank "), p.stderr
+    assert "  caused by RuntimeError: operator torchvision::nms does not exist" in report
+    assert report[-1].startswith(f"install: torchvision {version} is "), p.stderr
+    assert "mend: pip install --force-reinstall --no-deps" in report[-1]

@@ -147,6 +147,8 @@ def test_doctor_runs_here_and_writes_its_findings(tmp_path, capsys, monkeypatch)
     assert any("the loader delivers" in line for line in got["advice"])
     out = capsys.readouterr().out
     assert "paratrain doctor" in out and "measurement" in out
+    # the install checked first: sound here, so exit 0 and one line naming what was checked
+    assert out.startswith("install: sound (torch ") and got["install"] == []
 
 
 def test_doctor_bad_input_is_one_line(tmp_path, capsys):

@@ -33,6 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug or a broken install: the traceback, and what mends the install
+        add_install_notes(e)
+        raise
+
+
+def add_install_notes(e: BaseException) -> None:
+    """A failure in this process that the install explains (a run on one process; job.py
+    reports a worker's): the install's problems, one line each, after the traceback."""
+    import traceback
+
+    from paratrain import install
+
+    for line in install.explain(type(e).__name__, "".join(traceback.format_exception(e))):
+        if hasattr(e, "add_note"):  # Python 3.11+
+            e.add_note(line)
+        else:
+            print(line, file=sys.stderr)
 
 
 class Parser(argparse.ArgumentParser):

@@ -14,7 +14,7 @@ IMAGE_ONLY = ("name", "kwargs", "depthwise_conv", "shift_add_min_side", "sync_ba
 IMAGE_ONLY += ("batchnorm", "stem_conv", "strided_min_side")
 
 LM_ONLY = ("path", "init", "shape", "layers", "attn_implementation", "loss_chunk_tokens")
-LM_ONLY += ("kernels", "fp8", "fp8_lm_head")
+LM_ONLY += ("kernels", "fp8", "fp8_lm_head", "tokenizer")
 
 _USER = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|timm:[\w.\-]+")
 
@@ -40,6 +40,13 @@ class ModelConfig:
     layers: int | None = None
     """Language model with init=random: this many decoder layers instead of the shape's (a
     shallow 8B for a quick try of its width, a deeper tiny model for pipeline stages)."""
+    tokenizer: Literal["auto", "bytes"] = "auto"
+    """Language model: auto: model.path's own tokenizer (tokenizer.json, tokenizer.model, ...),
+    or without a path paratrain's byte tokenizer; bytes: the byte tokenizer whatever the folder
+    holds (your own model without a tokenizer): every UTF-8 byte is one id (0-255), then
+    <|begin_of_text|> <|end_of_text|> <|pad|> (256-258; BERT's tasks: [PAD] [CLS] [SEP] [MASK],
+    256-259), built in code, nothing downloaded or trained. The model's vocabulary must hold
+    those 259 (260) ids; export saves it beside the model."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
     """Language model attention kernel (transformers' attn_implementation)."""
     loss_chunk_tokens: int = 0

@@ -9,7 +9,9 @@ binding, GPU clocks and power).
                  alone against a few training steps of the recipe
     advice.py    pure rules from those numbers to advice lines (unit-tested on recorded ones)
 
-Writes doctor.json and prints one table of measurements against their expected values, then
+The command checks the install itself first (paratrain/install.py: torch, torchvision, triton
+and the CUDA libraries against each other; one line per problem with the pip command that
+mends it). Writes doctor.json and prints one table of measurements against their expected values, then
 the advice.
 """
 
@@ -20,10 +22,17 @@ from pathlib import Path
 from typing import Any
 
 
-def run(recipe: str | None, out: Path, data_path: str | None = None, quick: bool = False) -> dict:
+def run(
+    recipe: str | None,
+    out: Path,
+    data_path: str | None = None,
+    quick: bool = False,
+    install: list[str] | None = None,
+) -> dict:
+    """`install`: the install's problems (paratrain/install.py), kept in doctor.json."""
     from paratrain.doctor import advice, facts, measure
 
-    found: dict[str, Any] = {"facts": facts.collect()}
+    found: dict[str, Any] = {"install": install or [], "facts": facts.collect()}
     found["measured"] = measure.all_of(found["facts"], recipe, data_path, quick)
     found["advice"] = advice.lines(found)
     out.mkdir(parents=True, exist_ok=True)

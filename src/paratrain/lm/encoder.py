@@ -112,11 +112,12 @@ def encode_documents(docs: list[str], tokenizer, max_length: int) -> list[list[i
     ]
 
 
-def encoder_tokenizer(path: str | None):
-    """model.path's own tokenizer, else the byte tokenizer with BERT's specials (no download)."""
+def encoder_tokenizer(path: str | None, choice: str = "auto"):
+    """model.path's own tokenizer, else (no path, or model.tokenizer=bytes) the byte tokenizer
+    with BERT's specials (no download)."""
     from paratrain.lm.tokenizer import bert_byte_tokenizer, load_tokenizer
 
-    if path is None:
+    if path is None or choice == "bytes":
         return bert_byte_tokenizer()
     tok = load_tokenizer(path)
     for role in ("cls_token", "sep_token", "mask_token"):

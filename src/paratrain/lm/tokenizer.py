@@ -1,5 +1,5 @@
-"""Tokenizers: the model's own (from model.path), or a byte-level one built in code for
-random-init runs and tests, so that nothing is downloaded."""
+"""Tokenizers: the model's own (from model.path), or a byte-level one built in code
+(model.tokenizer=bytes, random-init runs and tests), so that nothing is downloaded or trained."""
 
 from __future__ import annotations
 
@@ -55,18 +55,35 @@ def _byte_of(ch: str) -> int:
     return others[code - 256]
 
 
-def load_tokenizer(path: str | None):
-    if path is None:
+# what AutoTokenizer reads a tokenizer from (with tokenizer_config.json or the model's config)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.txt")
+TOKENIZER_FILES += ("vocab.json",)
+
+
+def has_tokenizer(path: str) -> bool:
+    p = Path(path)
+    return p.is_dir() and any((p / name).is_file() for name in TOKENIZER_FILES)
+
+
+def check_tokenizer(path: str | None, choice: str) -> None:
+    """Before any process starts: a model folder the run takes its tokenizer from holds one."""
+    if path is None or choice == "bytes" or not Path(path).is_dir() or has_tokenizer(path):
+        return
+    raise UserError(
+        f"model.path: {path} has no tokenizer ({', '.join(TOKENIZER_FILES)}); put the model's "
+        "own there, or --set model.tokenizer=bytes for paratrain's byte tokenizer (every UTF-8 "
+        "byte one id, then the special tokens; no download)"
+    )
+
+
+def load_tokenizer(path: str | None, choice: str = "auto"):
+    """model.tokenizer: auto takes model.path's own (the byte tokenizer without a path); bytes
+    the byte tokenizer whatever the folder holds."""
+    if path is None or choice == "bytes":
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    p = Path(path)
-    has_files = p.is_dir() and any(
-        (p / name).is_file()
-        for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-    )
-    if p.exists() and not has_files:
-        raise UserError(f"model.path: {path} has no tokenizer (tokenizer.json or tokenizer.model)")
+    check_tokenizer(path, choice)
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from paratrain.errors import UserError
+from paratrain.models.hf_loading import one_bar
 
 SHAPES = {
     # bert-base-uncased's architecture (110M parameters)
@@ -76,7 +77,8 @@ def build_bert(
     if not Path(path).is_dir():
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
     try:
-        model = auto.from_pretrained(path, dtype=dtype, attn_implementation=attn, **extra)
+        with one_bar():
+            model = auto.from_pretrained(path, dtype=dtype, attn_implementation=attn, **extra)
     except (OSError, ValueError) as e:
         raise UserError(
             f"model.path: cannot load {path} ({str(e).splitlines()[0][:200]})"

@@ -14,6 +14,7 @@ from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
+from paratrain.lm.tokenizer import BYTE_SPECIALS, check_tokenizer
 from paratrain.models.causal_lm.attention import use_own_masks
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
 from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
@@ -138,7 +139,11 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
-    check_parallel(model_config(cfg), tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
+    # the model folder's tokenizer before the workers start and load the weights
+    check_tokenizer(cfg.model.path, cfg.model.tokenizer)
+    shape = model_config(cfg)
+    check_parallel(shape, tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
+    check_byte_ids(cfg, shape)
     d = cfg.data
     if d.packing or layout.pp > 1:  # rows are exactly max_length wide
         need = {
@@ -153,6 +158,17 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
                     f"data.max_length: {d.max_length} is not a multiple of {multiple}, which "
                     f"{why} needs with {'data.packing' if d.packing else 'parallel.pp'}"
                 )
+
+
+def check_byte_ids(cfg, shape) -> None:
+    """model.tokenizer=bytes: the byte tokenizer's ids are embedding rows of the model."""
+    vocab = shape["vocab_size"] if isinstance(shape, dict) else shape.vocab_size
+    ids = 256 + len(BYTE_SPECIALS)
+    if cfg.model.tokenizer == "bytes" and vocab < ids:
+        raise UserError(
+            f"model.tokenizer: bytes needs {ids} ids, the model at {cfg.model.path} has a "
+            f"vocabulary of {vocab}"
+        )
 
 
 def _examples(cfg, tokenizer, vocab: int, is_main: bool = True):
@@ -283,7 +299,7 @@ def build_model(ctx: BuildContext):
         # compiled, lm_head + loss are a compile unit of their own (loss.WholeLoss)
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
-    return model, load_tokenizer(m.path)
+    return model, load_tokenizer(m.path, m.tokenizer)
 
 
 def token_rows(ctx: BuildContext, tokenizer, vocab: int) -> tuple[list, list]:

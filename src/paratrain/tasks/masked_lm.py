@@ -16,6 +16,7 @@ from paratrain.errors import UserError
 from paratrain.lm import data as lmdata
 from paratrain.lm import encoder as enc
 from paratrain.lm.masking import IGNORE, mask_row, sample_generator
+from paratrain.lm.tokenizer import check_tokenizer
 from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 
@@ -50,6 +51,7 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
+    check_tokenizer(cfg.model.path, cfg.model.tokenizer)  # before the workers load the weights
     if cfg.data.source == "text":  # a missing or unreadable file: one line, before any process
         lmdata.text_documents("text", cfg.data.path)
 
@@ -77,7 +79,7 @@ def summarize(loss_sum: float, correct: float, tokens: float) -> dict[str, float
 def build(ctx: BuildContext) -> Workload:
     cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
     d, m = cfg.data, cfg.model
-    tokenizer = enc.encoder_tokenizer(m.path)
+    tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
     model = build_bert(
         path=m.path,
         init=m.init,

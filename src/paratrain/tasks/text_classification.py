@@ -14,6 +14,7 @@ from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.lm import encoder as enc
+from paratrain.lm.tokenizer import check_tokenizer
 from paratrain.models.bert import BertSpec, build_bert
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 from paratrain.tasks.masked_lm import check as _bert_check
@@ -31,6 +32,7 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
+    check_tokenizer(cfg.model.path, cfg.model.tokenizer)  # before the workers load the weights
     if cfg.data.source == "text-labels":  # unreadable or unlabelled: one line, before launch
         enc.read_labelled(cfg.data.path)
 
@@ -44,7 +46,7 @@ def labelled(cfg) -> tuple[list[str], list[int], list[str]]:
 def build(ctx: BuildContext) -> Workload:
     cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
     d, m = cfg.data, cfg.model
-    tokenizer = enc.encoder_tokenizer(m.path)
+    tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
     texts, labels, names = labelled(cfg)
     model = build_bert(
         path=m.path,

@@ -11,6 +11,7 @@ from torch import nn
 
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.layout import layout_of
+from paratrain.models.hf_loading import one_bar
 
 # Llama shapes for random-init throughput work (no weights needed). From the models' config.json.
 SHAPES: dict[str, dict] = {
@@ -108,7 +109,8 @@ def build_causal_lm(
     if not Path(path).is_dir():
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+        with one_bar():
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     except (OSError, ValueError) as e:
         raise UserError(
             f"model.path: cannot load {path} ({str(e).splitlines()[0][:200]})"
