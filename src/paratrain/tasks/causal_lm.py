@@ -27,7 +27,12 @@ from paratrain.models.causal_lm.loss import (
     next_token_loss_sum,
     plain_head,
 )
-from paratrain.models.causal_lm.spec import CausalLMSpec, base_model, check_parallel
+from paratrain.models.causal_lm.spec import (
+    CausalLMSpec,
+    base_model,
+    check_parallel,
+    check_positions,
+)
 from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
 from paratrain.tasks import lm_levers
 
@@ -138,7 +143,9 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
         raise UserError(
             f"model.path: no such directory {cfg.model.path} (a Hugging Face checkpoint)"
         )
-    check_parallel(model_config(cfg), tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
+    shape = model_config(cfg)
+    check_parallel(shape, tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
+    check_positions(shape, cfg.data.max_length)
     d = cfg.data
     if d.packing or layout.pp > 1:  # rows are exactly max_length wide
         need = {
