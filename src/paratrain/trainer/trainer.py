@@ -138,6 +138,7 @@ class Trainer:
         the training clock and the step's time."""
         clock, began = self.measure.clock, time.perf_counter()
         clock.pause()
+        self.watchdog.beat(self.run.state.step, "writing the run folder")  # wandb.init: seconds
         self.write_folder()
         clock.resume()
         return time.perf_counter() - began
