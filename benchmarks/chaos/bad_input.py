@@ -470,18 +470,26 @@ class Cases:
                 full = png_bytes(28, 40 + 150 * c + i)
                 write(root / cls / f"{i}.png", full[: len(full) // 2])  # cut mid-IDAT
         out = d / "out"
-        write(out / "notes.txt", "the user's own file")
+        # a folder with a config.yaml alone holds no run (a bench run's folder starts so): the
+        # run may go there, and writes nothing before its first step has run
+        recipe = write(out / "config.yaml", Path(IMG_RECIPE).read_text())
         settings = [
             "data.source=imagefolder",
             f"data.path={root}",
             "data.image_size=28",
             "data.batch_size=2",
         ]
+
+        def left() -> str:
+            new = sorted(p.name for p in out.iterdir() if p != recipe)
+            return f"left in the folder: {', '.join(new)}" if new else ""
+
         return Setup(
             img(out, *settings),
             "data.source=imagefolder, every PNG cut in half (the first batch fails), into a "
-            "folder holding a file of the user's: nothing written there",
+            "folder holding a config.yaml alone: nothing written there",
             watch=[out],
+            after=left,
         )
 
     def fresh_run_checkpoint_dir_other_run(self, d: Path) -> Setup:
