@@ -453,6 +453,45 @@ class Cases:
             watch=[old],
         )
 
+    def fresh_run_into_run_without_checkpoints(self, d: Path) -> Setup:
+        old = self.run_copy(d)
+        shutil.rmtree(old / "checkpoints")
+        return Setup(
+            img(old),
+            "a fresh run (no resume) with output_dir a finished run's folder without checkpoints "
+            "(config.yaml, plan.json, result.json, steps.jsonl, TensorBoard events)",
+            watch=[old],
+        )
+
+    def first_batch_png_into_folder(self, d: Path) -> Setup:
+        root = d / "images"
+        for c, cls in enumerate(("cat", "dog")):
+            for i in range(8):
+                full = png_bytes(28, 40 + 150 * c + i)
+                write(root / cls / f"{i}.png", full[: len(full) // 2])  # cut mid-IDAT
+        out = d / "out"
+        # a folder with a config.yaml alone holds no run (a bench run's folder starts so): the
+        # run may go there, and writes nothing before its first step has run
+        recipe = write(out / "config.yaml", Path(IMG_RECIPE).read_text())
+        settings = [
+            "data.source=imagefolder",
+            f"data.path={root}",
+            "data.image_size=28",
+            "data.batch_size=2",
+        ]
+
+        def left() -> str:
+            new = sorted(p.name for p in out.iterdir() if p != recipe)
+            return f"left in the folder: {', '.join(new)}" if new else ""
+
+        return Setup(
+            img(out, *settings),
+            "data.source=imagefolder, every PNG cut in half (the first batch fails), into a "
+            "folder holding a config.yaml alone: nothing written there",
+            watch=[out],
+            after=left,
+        )
+
     def fresh_run_checkpoint_dir_other_run(self, d: Path) -> Setup:
         old = self.run_copy(d)
         cwd = self.folder(f"{d.name}/cwd")
@@ -539,6 +578,8 @@ CASES = [
     "output_dir_is_file",
     "output_dir_unwritable",
     "fresh_run_into_other_run",
+    "fresh_run_into_run_without_checkpoints",
+    "first_batch_png_into_folder",
     "fresh_run_checkpoint_dir_other_run",
     "resume_missing",
     "resume_truncated",

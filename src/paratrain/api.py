@@ -49,10 +49,12 @@ def train(
     train_data: Any = None,
     val_data: Any = None,
     loss: Any = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train as `paratrain run` does -> the run's result (result.json's contents). model,
     train_data (and val_data, loss): your own nn.Module, map-style Datasets of (input, target)
-    and loss(output, target) instead of the recipe's (task custom)."""
+    and loss(output, target) instead of the recipe's (task custom). overwrite: an earlier run
+    in output_dir is replaced (`paratrain run --overwrite`), else refused."""
     from paratrain.runner import execute, with_output_dir
     from paratrain.runplan import resolve
 
@@ -74,8 +76,8 @@ def train(
         cfg = recipe if isinstance(recipe, RunConfig) else config(recipe, overrides)
         plan = with_output_dir(resolve(cfg, given=list(overrides or {})))
         if custom:
-            return _train_objects(plan, given)
-        if execute(plan) != 0:
+            return _train_objects(plan, given, overwrite)
+        if execute(plan, overwrite) != 0:
             raise RuntimeError("paratrain: training failed; the workers' errors are above")
     except UserError as e:
         raise UserError(one_line(e)) from None
@@ -86,7 +88,7 @@ def _result(plan) -> dict[str, Any]:
     return json.loads((Path(plan.config.output_dir) / "result.json").read_text())
 
 
-def _train_objects(plan, given: dict[str, Any]) -> dict[str, Any]:
+def _train_objects(plan, given: dict[str, Any], overwrite: bool) -> dict[str, Any]:
     """Task custom: in this process the objects train in place; several processes get them
     pickled by value and the trained weights come back into `model` from the final
     checkpoint."""
@@ -101,7 +103,7 @@ def _train_objects(plan, given: dict[str, Any]) -> dict[str, Any]:
     custom.hand_over(given)
     try:
         if not plan.multiprocess:
-            execute(plan)
+            execute(plan, overwrite)
             return _result(plan)
         if not cfg.checkpoint.at_end:
             raise UserError(
@@ -121,7 +123,7 @@ def _train_objects(plan, given: dict[str, Any]) -> dict[str, Any]:
                 [*here, *filter(None, [saved["PYTHONPATH"]])]
             )
             try:
-                code = execute(plan)
+                code = execute(plan, overwrite)
             finally:
                 for k, v in saved.items():
                     if v is None:
@@ -140,7 +142,7 @@ def _load_final(model, cfg: RunConfig) -> None:
     """The final checkpoint's weights into the model given (checkpoints leave frozen
     parameters out: those the model holds already)."""
     from paratrain.checkpoint import read_checkpoint, resolve_resume
-    from paratrain.trainer.checkpointer import checkpoint_dir
+    from paratrain.runfolder import checkpoint_dir
 
     where = checkpoint_dir(cfg, Path(cfg.output_dir))
     state = read_checkpoint(resolve_resume(where))

@@ -12,20 +12,20 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from paratrain import job, launch
+from paratrain import job, launch, runfolder
 from paratrain.config import to_yaml
 from paratrain.config.model import IMAGE_MODELS
 from paratrain.errors import ERROR_DIR, UserError
 from paratrain.runplan import RunPlan
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
+from paratrain.trainer.checkpointer import restarted
 from paratrain.trainer.loop import train
-from paratrain.trainer.setup import default_output_dir
 from paratrain.worker import forked
 
 
-def preflight(plan: RunPlan) -> None:
-    """Checks that need this machine (GPUs, files): done once, before any process starts."""
+def preflight(plan: RunPlan, overwrite: bool = False) -> None:
+    """Checks that need this machine (GPUs, files): done once, before any process starts;
+    then the run folder claimed (runfolder.claim: no earlier run there, or overwrite)."""
     cfg = plan.config
     check_devices(plan)
     if plan.multiprocess:
@@ -38,7 +38,7 @@ def preflight(plan: RunPlan) -> None:
     get_task(plan.task).preflight(cfg, plan.layout, plan.device == "cuda")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
         raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
-    check_folders(cfg)
+    check_folders(cfg, overwrite)
 
 
 def check_devices(plan: RunPlan) -> None:
@@ -58,16 +58,21 @@ def check_devices(plan: RunPlan) -> None:
         )
 
 
-def check_folders(cfg) -> None:
+def check_folders(cfg, overwrite: bool = False) -> None:
     if cfg.output_dir:
         writable_folder(cfg.output_dir, "output_dir")
     if cfg.checkpoint.dir:
         writable_folder(cfg.checkpoint.dir, "checkpoint.dir")
-    if cfg.output_dir and not cfg.checkpoint.resume and not restarted():
-        refuse_other_run(checkpoint_dir(cfg, Path(cfg.output_dir)))
     resume = cfg.checkpoint.resume
+    if overwrite and resume:
+        raise UserError(
+            f"--overwrite: replaces the run in {cfg.output_dir}, checkpoint.resume ({resume}) "
+            "continues one; give one of them"
+        )
     if resume and resume != "auto" and not Path(resume).exists():  # before any process starts
         raise UserError(f"checkpoint.resume: {resume} does not exist")
+    if cfg.output_dir and not resume and not restarted():  # last: overwrite removes files
+        runfolder.claim(cfg, overwrite)
 
 
 def writable_folder(path: str, key: str) -> None:
@@ -142,12 +147,16 @@ def with_output_dir(plan: RunPlan) -> RunPlan:
 
     if plan.config.output_dir:
         return plan
-    cfg = dataclasses.replace(plan.config, output_dir=default_output_dir(plan.config.name))
+    cfg = dataclasses.replace(
+        plan.config, output_dir=runfolder.default_output_dir(plan.config.name)
+    )
     writable_folder(cfg.output_dir, "output_dir")  # runs/ under a folder this user may not write
     return dataclasses.replace(plan, config=cfg)
 
 
-def execute(plan: RunPlan) -> int:
+def execute(plan: RunPlan, overwrite: bool = False) -> int:
+    """The run `plan` describes, from the command line or paratrain.train; overwrite: a run
+    already in its folder is replaced (--overwrite), else refused."""
     slurm = None if launch.launched_by_torchrun() else launch.slurm_rank_env()
     if slurm:
         os.environ.update(slurm)
@@ -159,16 +168,19 @@ def execute(plan: RunPlan) -> int:
                 "use ddp-ds"
             )
         if int(os.environ.get("RANK", "0")) == 0:
-            preflight(plan)
+            preflight(plan, overwrite)
         train(plan)
         return 0
-    preflight(plan)
-    if not plan.multiprocess:
-        if not plan.config.output_dir:  # runs/ under the working folder: one line, not mkdir's
-            writable_folder(default_output_dir(plan.config.name), "output_dir")
-        train(plan)
-        return 0
-    return launch_workers(with_output_dir(plan))
+    plan = with_output_dir(plan)  # named here: checked as a folder given would be
+    made = runfolder.made_for(Path(plan.config.output_dir))
+    preflight(plan, overwrite)
+    try:
+        if not plan.multiprocess:
+            train(plan)
+            return 0
+        return launch_workers(plan)
+    finally:  # a mistake found before the first step: no folder left that the launch made
+        runfolder.remove_if_empty(made)
 
 
 def launch_workers(plan: RunPlan) -> int:

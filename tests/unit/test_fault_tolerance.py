@@ -137,7 +137,7 @@ def test_a_fresh_run_into_another_runs_folder_is_refused_and_touches_nothing(
     out = copy_run(four_steps, tmp_path)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     assert cli(out, "train.max_steps=6") == 2
-    one_error_line(capsys, "holds another run's checkpoints (newest step_00000004)")
+    one_error_line(capsys, "holds an earlier run (config.yaml, ", "checkpoints/step_00000004)")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 

@@ -37,7 +37,10 @@ def command_for(run: RunSpec, run_dir: Path) -> list[str]:
     config_path.write_text(to_yaml(run.config))
     py = sys.executable
     if run.program == "paratrain":
-        return [py, "-m", "paratrain", "run", str(config_path), "--output-dir", str(run_dir)]
+        cmd = [py, "-m", "paratrain", "run", str(config_path), "--output-dir", str(run_dir)]
+        # the run's folder is the sweep's own: a re-run (of a failed run, --rerun) replaces
+        # what an earlier attempt left there (a run that resumes a checkpoint continues it)
+        return cmd if run.config.checkpoint.resume else [*cmd, "--overwrite"]
     module = PEER_MODULES[run.program]
     if run.program in ONE_PROCESS:
         return [py, "-m", module, str(config_path), str(run_dir)]

@@ -15,6 +15,9 @@ def add(sub) -> None:
     )
     demo.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     demo.add_argument("--output-dir", help="where the result goes (default runs/demo-<time>)")
+    demo.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier run in --output-dir"
+    )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=command)
 
@@ -45,4 +48,4 @@ def command(args: argparse.Namespace) -> int:
         f"{plan.nproc} {'GPU' if gpus else 'CPU'} processes, {plan.strategy}, {cfg.precision}",
         flush=True,
     )
-    return execute(plan)
+    return execute(plan, overwrite=args.overwrite)

@@ -52,7 +52,7 @@ def command(args: argparse.Namespace) -> int:
         return 0
     from paratrain.runner import execute
 
-    return execute(plan)
+    return execute(plan, overwrite=args.overwrite)
 
 
 def finished_run(resume: str) -> str | None:
@@ -128,6 +128,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
     p.add_argument("--resume", help="checkpoint folder (step_*) or run directory to continue from")
     p.add_argument("--output-dir", help="where results go (output_dir)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run in the output folder (its plan.json, result.json, step "
+        "log, TensorBoard events, checkpoints, ... are removed; other files stay); without it "
+        "such a folder is refused",
+    )
     p.add_argument(
         "--verbose",
         action="store_true",

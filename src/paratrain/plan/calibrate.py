@@ -105,7 +105,9 @@ def measure_step(
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "paratrain", "run", str(out / "config.yaml")]
-        procs.append(_start([*cmd, "--output-dir", str(folder)], folder / "log.txt", threads))
+        # --overwrite: a later `paratrain plan` into the same --out calibrates again in it
+        cmd += ["--output-dir", str(folder), "--overwrite"]
+        procs.append(_start(cmd, folder / "log.txt", threads))
     codes = [_wait(proc, timeout_s) for proc in procs]
     results = []
     for code, folder in zip(codes, folders, strict=True):

@@ -28,7 +28,12 @@ from paratrain.models.causal_lm.loss import (
     next_token_loss_sum,
     plain_head,
 )
-from paratrain.models.causal_lm.spec import CausalLMSpec, base_model, check_parallel
+from paratrain.models.causal_lm.spec import (
+    CausalLMSpec,
+    base_model,
+    check_parallel,
+    check_positions,
+)
 from paratrain.protocols import BuildContext, Layout, PipelineHooks, Task, Workload, whole_tensor
 from paratrain.tasks import lm_levers
 
@@ -144,6 +149,7 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
     shape = model_config(cfg)
     check_parallel(shape, tp=layout.tp, pp=layout.pp, per_rank=layout.stages_per_rank)
     check_byte_ids(cfg, shape)
+    check_positions(shape, cfg.data.max_length)
     d = cfg.data
     if d.packing or layout.pp > 1:  # rows are exactly max_length wide
         need = {

@@ -32,21 +32,6 @@ def restarted() -> bool:
     return pg.generation() > 0
 
 
-def checkpoint_dir(cfg, out_dir: Path) -> Path:
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
-
-
-def refuse_other_run(ckpt_dir: Path) -> None:
-    """A fresh run must not start where another run's checkpoints are: it would mix with them
-    (and keep=N would delete its own newest first)."""
-    found = list_checkpoints(ckpt_dir)
-    if found:
-        raise UserError(
-            f"output_dir: {ckpt_dir} holds another run's checkpoints (newest {found[-1].name}); "
-            "continue it with checkpoint.resume=auto, or give this run a new output_dir"
-        )
-
-
 class Checkpointer:
     def __init__(self, run: Run):
         self.run, self.cfg = run, run.cfg.checkpoint

@@ -98,6 +98,10 @@ class Reporter:
         self.epoch_step, self.epoch_clock = state.step, 0.0
         self.pending: deque[Point] = deque()  # log points whose device values are on their way
 
+    def open(self) -> None:
+        """The run's first step has run: the step log's files begun (steplog.py)."""
+        self.steplog.open()
+
     def trained_units(self) -> float:
         if self.lm:
             return float(self.measure.meter.tokens.item()) * self.copies

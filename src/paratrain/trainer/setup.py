@@ -6,7 +6,6 @@ function; the plan (runplan.RunPlan) has decided what each one does."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import torch
@@ -30,15 +29,12 @@ from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
+from paratrain.runfolder import checkpoint_dir, default_output_dir, refuse_other_run
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpointer import checkpoint_dir, refuse_other_run, restarted
+from paratrain.trainer.checkpointer import restarted
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
 from paratrain.trainer.run import Run
-
-
-def default_output_dir(name: str) -> str:
-    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def setup(plan, env: pg.DistEnv) -> Run:
@@ -297,26 +293,36 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 
 
 def announce(run: Run) -> None:
-    """The run folder's config.yaml and plan.json, once every check has passed (a refused
-    resume leaves an earlier run's as they were; a restarted generation keeps what the first
-    wrote), and the plan's lines on rank 0's console."""
+    """The plan's lines on rank 0's console, once every check has passed (a restarted
+    generation's were printed by the first). Its files follow the run's first step
+    (write_plan)."""
     env, out_dir = run.env, run.out_dir
     if env.is_main and not restarted():
-        from paratrain.config import to_yaml
         from paratrain.runplan import show
+
+        print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
+        print("\n".join(show.lines(run.plan, run.built)), flush=True)
+    nccl = env.device.type == "cuda" and env.world_size > 1
+    if env.is_main and run.cfg.dist.flight_recorder and nccl:
+        # NCCL dumps here by itself when a collective times out, in the first step too (gloo's
+        # dumps, the watchdog's, make the folder when they write); removed at the end if
+        # nothing was dumped, and by the launching command if the run wrote nothing else
+        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
+
+
+def write_plan(run: Run) -> None:
+    """The run folder's config.yaml and plan.json, once the run's first step has run
+    (trainer.py): a refused resume or a mistake found before it leaves an earlier run's as
+    they were. A restarted generation keeps what the first wrote (writes them if it had not)."""
+    out_dir = run.out_dir
+    if run.env.is_main and (not restarted() or not (out_dir / "config.yaml").is_file()):
+        from paratrain.config import to_yaml
 
         out_dir.mkdir(parents=True, exist_ok=True)
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
         cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
         run.plan.save(out_dir / "plan.json", run.built)
-        print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
-        print("\n".join(show.lines(run.plan, run.built)), flush=True)
-    nccl = env.device.type == "cuda" and env.world_size > 1
-    if env.is_main and run.cfg.dist.flight_recorder and nccl:
-        # NCCL dumps here by itself when a collective times out (gloo's dumps, the watchdog's,
-        # make the folder when they write); removed at the end if nothing was dumped
-        (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
 
 
 def tidy(run: Run) -> None:

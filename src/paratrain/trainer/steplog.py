@@ -24,28 +24,37 @@ class StepLog:
         resumed: bool,
         wandb: dict | None = None,
     ):
-        """wandb: wandb.init's arguments (project, name, config) to log there too."""
+        """wandb: wandb.init's arguments (project, name, config) to log there too. Nothing is
+        written before open() (the run's first step has run) or the first point."""
         self.enabled = enabled
+        self.out_dir, self.tensorboard, self.resumed = out_dir, tensorboard, resumed
+        self.wandb_args = wandb
         self.path = out_dir / "steps.jsonl"
         self.writer = None
         self.wandb = None
+        self.opened = False
         self.last: tuple[int, float, float, float] | None = None  # step, loss sum, time, units
-        if not enabled:
+
+    def open(self) -> None:
+        """Into the run folder: steps.jsonl begun (a resumed run appends to its own), the
+        TensorBoard writer (its events file) and the wandb run started."""
+        if not self.enabled or self.opened:
             return
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if not resumed:  # a resumed run appends to its own log
+        self.opened = True
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if not self.resumed:  # a resumed run appends to its own log
             self.path.unlink(missing_ok=True)
-        if tensorboard:
+        if self.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # the tensorboard package is optional
                 self.writer = None
             else:
-                self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-        if wandb is not None:  # checked installed before any process started (runner)
+                self.writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        if self.wandb_args is not None:  # checked installed before any process started (runner)
             import wandb as wb
 
-            self.wandb = wb.init(dir=str(out_dir), resume="allow", **wandb)
+            self.wandb = wb.init(dir=str(self.out_dir), resume="allow", **self.wandb_args)
 
     def start(self, step: int, loss_sum: float, seconds: float, units: float) -> None:
         """An epoch begins (its sums start from zero) or the run does."""
@@ -67,6 +76,7 @@ class StepLog:
         """loss_sum, seconds, units: running totals since start(); -> the record written."""
         if not self.enabled or self.last is None:
             return None
+        self.open()
         step0, loss0, t0, units0 = self.last
         steps = max(step - step0, 1)
         rate = (units - units0) / max(seconds - t0, 1e-9)

@@ -30,7 +30,7 @@ from paratrain.trainer.guard import NaNGuard
 from paratrain.trainer.interrupts import Interrupts
 from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
 from paratrain.trainer.report import Reporter
-from paratrain.trainer.setup import announce, setup, tidy
+from paratrain.trainer.setup import announce, setup, tidy, write_plan
 from paratrain.trainer.step import choose_step
 from paratrain.trainer.watchdog import Watchdog, limit_for
 
@@ -41,7 +41,7 @@ class Trainer:
         self.checkpoints = Checkpointer(run)
         self.checkpoints.resume_if_asked()
         self.interrupts = Interrupts(env.world_size, run.state.step)
-        announce(run)  # config.yaml and plan.json, once every check has passed
+        announce(run)  # the plan's lines, once every check has passed
         cfg = run.cfg
         self.watchdog = Watchdog(
             env.rank,
@@ -56,6 +56,7 @@ class Trainer:
         self.evaluate = Evaluator(run, self.watchdog)
         self.step = choose_step(run)
         self.start_step = run.state.step
+        self.folder_written = False
 
     def fit(self) -> dict[str, Any]:
         run, state = self.run, self.run.state
@@ -117,22 +118,46 @@ class Trainer:
         state.step += 1
         state.step_in_epoch += 1
         gc_tick(tc.gc_every_steps, state.step)
+        # this run's first step has run: its folder is written from here
+        wrote = self.first_step_done() if not self.folder_written else 0.0
         saving = self.checkpoint_if_due()
         self.watchdog.beat(state.step, "between steps")
         faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         # the stop check is a collective: a rank waiting there for a stalled one waits in this
         # step, so the step's time (and the stall meter) must include it
         stop = state.step < run.total_steps and self.interrupts.stop_at(state.step)
-        self.measure.after_step(state.step, time.perf_counter() - began - saving)
+        self.measure.after_step(state.step, time.perf_counter() - began - saving - wrote)
         # logged after a stall's excess left the clock: the next step's rate stays its own
         self.report.after_step(self.loss_sum)
         if stop:
             self.interrupt()  # (at the last step the run ends as it would)
 
+    def first_step_done(self) -> float:
+        """The run's first step has run (its work waited for: on a GPU a failed kernel shows
+        by now): from here the run writes into its folder. -> the seconds that took, out of
+        the training clock and the step's time."""
+        clock, began = self.measure.clock, time.perf_counter()
+        clock.pause()
+        self.watchdog.beat(self.run.state.step, "writing the run folder")  # wandb.init: seconds
+        self.write_folder()
+        clock.resume()
+        return time.perf_counter() - began
+
+    def write_folder(self) -> None:
+        """config.yaml, plan.json, and the step log opened (steps.jsonl, TensorBoard, wandb):
+        written once the run's first step has run, so that a mistake found before it (a
+        corrupt image in the first batch, a model that does not fit its data) leaves the
+        folder as it was (runfolder.py)."""
+        if not self.folder_written:
+            self.folder_written = True
+            write_plan(self.run)
+            self.report.open()
+
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM, agreed by every rank at this step boundary: the step's checkpoint
         (checkpoint.on_interrupt), the logs closed, then Interrupted (exit 130)."""
         run = self.run
+        self.write_folder()  # (a no-op after a step; a checkpoint needs its config.yaml)
         self.measure.clock.pause()
         self.guard.read()  # the checkpoint's list of skipped steps is complete
         self.watchdog.beat(run.state.step, "checkpoint")
@@ -174,6 +199,7 @@ class Trainer:
     def finish(self, epochs: list[dict], began: float) -> dict[str, Any]:
         """The end of the run: the last checkpoint, the task's artifacts, result.json."""
         run, measure = self.run, self.measure
+        self.write_folder()  # (a no-op after a step: a run with none left to take has none)
         artifacts = self.report.close()
         run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
         telemetry = measure.finish()

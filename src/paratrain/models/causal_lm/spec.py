@@ -72,6 +72,19 @@ def check_parallel(config: Any, *, tp: int, pp: int, per_rank: int = 1) -> None:
             )
 
 
+def check_positions(config: Any, max_length: int) -> None:
+    """GPT-2 learns one embedding per position (n_positions of them): a longer row is an
+    index past its table, found only in the first step. Llama's rotary positions have no such
+    end."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    limit = get("max_position_embeddings")  # GPT2Config's attribute_map: n_positions
+    if get("model_type") == "gpt2" and limit and max_length > limit:
+        raise UserError(
+            f"data.max_length: {max_length} exceeds the model's {limit} positions (GPT-2 learns "
+            f"one embedding per position); use data.max_length={limit} or less"
+        )
+
+
 FLOPS_FORMULA = (
     "full: 6N + 12*layers*hidden*seq_len; LoRA: 4N + 12*layers*hidden*seq_len + 6*adapters; "
     "N = matmul weights (all parameters but the embedding tables; a tied lm_head counted)"
