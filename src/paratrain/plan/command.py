@@ -384,7 +384,7 @@ def print_plan(found: dict) -> None:
             str(r["gpus"]),
             f"{r['step_s'] * 1000:,.1f}",
             f"{r['samples_per_s']:,.1f}",
-            f"{r['scaling_efficiency']:.0%}" + scaling_flag(r),
+            f"{r['scaling_efficiency']:.0%}" + (" ⚠" if scaling_flag(r) else ""),  # said below
             f"{r['comm_s'] * 1000:,.1f}",
             f"{r['exposed_share']:.0%}",
             f"{r['memory_bytes'] / 2**20:,.0f} MiB" + ("" if r["fits"] else " (no fit)"),
