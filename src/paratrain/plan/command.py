@@ -335,6 +335,11 @@ def scaling_flag(r: dict) -> str:
     return arith.suspect(r["scaling_efficiency"] * r["gpus"], r["gpus"])
 
 
+def scaling_cell(r: dict) -> str:
+    """The table's cell: the efficiency, marked ⚠ above ideal (the note below says why)."""
+    return f"{r['scaling_efficiency']:.0%}" + (" ⚠" if scaling_flag(r) else "")
+
+
 def print_header(console, found: dict) -> None:
     """One device's step and its parts, its spread; the noisy calibrations planned from."""
     cal = found["calibration"]
@@ -384,7 +389,7 @@ def print_plan(found: dict) -> None:
             str(r["gpus"]),
             f"{r['step_s'] * 1000:,.1f}",
             f"{r['samples_per_s']:,.1f}",
-            f"{r['scaling_efficiency']:.0%}" + (" ⚠" if scaling_flag(r) else ""),  # said below
+            scaling_cell(r),
             f"{r['comm_s'] * 1000:,.1f}",
             f"{r['exposed_share']:.0%}",
             f"{r['memory_bytes'] / 2**20:,.0f} MiB" + ("" if r["fits"] else " (no fit)"),
