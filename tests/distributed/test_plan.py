@@ -19,9 +19,11 @@ def plan(tmp_path, *args):
 
 
 def test_plan_predicts_and_measures_ddp_on_two_processes(tmp_path):
+    # one thread a process (the suite shares 2 cores: two threads would wait for each other),
+    # measured once whatever the spread (its repeats and refusal: tests/unit/test_plan_spread.py)
     done = plan(
         tmp_path, "--gpus", "1,2", "--measure", "2", "--strategies", "ddp", "--steps", "5",
-        "--window", "2",
+        "--window", "2", "--set", "launch.cpu_threads=1", "--tries", "1", "--allow-noisy",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     found = json.loads((tmp_path / "plan" / "plan.json").read_text())
@@ -36,6 +38,12 @@ def test_plan_predicts_and_measures_ddp_on_two_processes(tmp_path):
     assert measured["step_error"] == pytest.approx(two["step_s"] / measured["step_s"] - 1)
     # 2 processes were calibrated as 2 copies at once at 1 thread each
     assert any("1 threads, 2 at once" in k for k in found["calibrations"])
+    # each calibration's step: the median of its measured windows, their spread recorded
+    for key, steady in found["calibration_spread"].items():
+        assert steady["tries"] == 1 and steady["spread"] >= 0 and steady["step_windows_s"]
+        windows = sorted(steady["step_windows_s"])
+        if "1 at once" in key:
+            assert found["calibrations"][key] == pytest.approx(windows[len(windows) // 2])
     assert "prediction error over 1 measured rows" in done.stdout
 
 

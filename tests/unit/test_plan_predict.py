@@ -16,6 +16,9 @@ RESULT = {
     "precision": "bf16",
     "summary": {
         "step_time_s": 0.100,
+        # measure_step's median window and the windows' spread (plan/spread.py): steady
+        "step_windows_s": [0.099, 0.100, 0.101],
+        "spread": 0.008,
         "peak_memory_bytes": 3_000_000_000,
         "unique_samples_per_s": 640.0,
         "model_state": {

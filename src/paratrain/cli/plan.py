@@ -18,7 +18,8 @@ def add(sub) -> None:
         "HSDP, local SGD, tensor and pipeline parallel at each scale: step time, samples/s, "
         "scaling efficiency, exposed communication, memory per GPU and whether it fits. "
         "--measure runs the scales this machine has and prints each prediction beside its "
-        "measurement. Writes plan.json.",
+        "measurement. A calibration whose step spreads (a loaded machine) is measured again, "
+        "and the plan refused if it stays noisy (--allow-noisy plans anyway). Writes plan.json.",
     )
     plan.add_argument("recipe", nargs="?", help="YAML recipe (none with --validate or --hardware)")
     plan.add_argument("--gpus", default="1,2,4,8,64", help="scales to predict (default 1,2,4,8,64)")
@@ -46,6 +47,18 @@ def add(sub) -> None:
         type=float,
         default=10.0,
         help="CPU: seconds the calibration's copies run together (default 10)",
+    )
+    plan.add_argument(
+        "--tries",
+        type=int,
+        default=3,
+        help="measure a calibration whose step spreads more than 25%% (a loaded or noisy "
+        "machine) again, at most this many times; then refuse (default 3)",
+    )
+    plan.add_argument(
+        "--allow-noisy",
+        action="store_true",
+        help="plan from the steadiest try instead of refusing a machine too noisy to calibrate on",
     )
     plan.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
@@ -147,7 +160,7 @@ def command(args: argparse.Namespace) -> int:
     cfg = unsettled(plan_of(args.recipe, args.set))
     gpus = command.parse_scales(args.gpus, "--gpus")
     measure = command.parse_scales(args.measure, "--measure") if args.measure else None
-    for flag, value in (("--steps", args.steps), ("--every", args.every)):
+    for flag, value in (("--steps", args.steps), ("--every", args.every), ("--tries", args.tries)):
         if value < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")
     for flag, value in (
@@ -179,6 +192,8 @@ def command(args: argparse.Namespace) -> int:
             out=out,
             strategies=chosen,
             window_s=args.window,
+            tries=args.tries,
+            allow_noisy=args.allow_noisy,
         ),
     )
     command.print_plan(found)

@@ -54,6 +54,9 @@ class DataConfig:
     """ImageFolder root of held-out images; without it val_fraction of path is held out."""
     val_fraction: float = 0.1
     """Share of an ImageFolder held out when there is no val_path."""
+    bad_images: Literal["error", "skip"] = "error"
+    """ImageFolder files that PIL cannot read (each file's header checked before training):
+    error refuses the run naming them; skip trains without them, their count said once."""
     image_size: int | None = None
     """Side of the square images the model sees (the seed upscales MNIST to 500); null keeps the native size."""
     resize_on: Literal["cpu", "gpu"] = "cpu"
@@ -150,7 +153,7 @@ class DataConfig:
 
 
 # Keys that mean something to one kind of data only (result.json leaves the other's out).
-IMAGE_ONLY = ("val_path", "image_size", "resize_on", "channels", "synthetic_samples")
+IMAGE_ONLY = ("val_path", "image_size", "resize_on", "channels", "synthetic_samples", "bad_images")
 IMAGE_ONLY += ("synthetic_size", "num_classes")
 
 TEXT_ONLY = ("max_length", "truncation", "packing", "split")

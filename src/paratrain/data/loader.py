@@ -39,7 +39,12 @@ def load_source(cfg: DataConfig, seed: int) -> sources.ImageSource:
         src = sources.load_mnist_sample()
     elif cfg.source == "imagefolder":
         src = sources.load_imagefolder(
-            cfg.path, cfg.val_path, cfg.val_fraction, cfg.channels or 3, seed
+            cfg.path,
+            cfg.val_path,
+            cfg.val_fraction,
+            cfg.channels or 3,
+            seed,
+            skip_bad=cfg.bad_images == "skip",
         )
     else:
         src = sources.load_synthetic(

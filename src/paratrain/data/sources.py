@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from paratrain.data import images
 from paratrain.errors import DataError
 
 MNIST_FILES = {
@@ -156,7 +157,7 @@ def load_mnist_sample(val_per_class: int = 100) -> ImageSource:
 class FolderImages(Dataset):
     """torchvision ImageFolder, decoded to uint8 tensors with the wanted channel count."""
 
-    def __init__(self, root: str | Path, channels: int):
+    def __init__(self, root: str | Path, channels: int, skip_bad: bool = False):
         from torchvision.datasets import ImageFolder
 
         try:
@@ -164,6 +165,18 @@ class FolderImages(Dataset):
         except (FileNotFoundError, OSError) as e:
             raise DataError(f"data.path: {root}: {e}") from None
         self.mode = "L" if channels == 1 else "RGB"
+        if skip_bad:  # data.bad_images=skip: the files preflight found and said (data/images.py)
+            self.skip(images.bad_files(str(root), self.paths()))
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.folder.samples]
+
+    def skip(self, bad: list[tuple[str, str]]) -> None:
+        """Leave these files out (before any split, so every rank leaves out the same)."""
+        gone = {path for path, _ in bad}
+        f = self.folder
+        f.samples = f.imgs = [s for s in f.samples if s[0] not in gone]
+        f.targets = [label for _, label in f.samples]
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -180,12 +193,17 @@ class FolderImages(Dataset):
 
 
 def load_imagefolder(
-    path: str, val_path: str | None, val_fraction: float, channels: int, seed: int
+    path: str,
+    val_path: str | None,
+    val_fraction: float,
+    channels: int,
+    seed: int,
+    skip_bad: bool = False,
 ) -> ImageSource:
-    train = FolderImages(path, channels)
+    train = FolderImages(path, channels, skip_bad)
     classes = train.folder.classes
     if val_path:
-        val = FolderImages(val_path, channels)
+        val = FolderImages(val_path, channels, skip_bad)
         if val.folder.classes != classes:
             raise DataError(
                 f"data.val_path: classes {val.folder.classes} differ from data.path's {classes}"

@@ -16,6 +16,7 @@ from pathlib import Path
 from paratrain.bench.execute import _tail
 from paratrain.config import RunConfig, from_dict, parse_override, set_dotted, to_yaml
 from paratrain.errors import UserError
+from paratrain.plan import spread
 from paratrain.plan.model import Calibration
 
 PROFILED = 5  # steps profiled for the phases; out of the measured window
@@ -94,9 +95,10 @@ def measure_step(
     timeout_s: float = 900,
 ) -> dict:
     """Run the calibration (or with `run_as`, a measured run of a strategy); -> its
-    result.json. `copies` > 1: that many identical calibrations at once (CPU processes that
-    will share this machine's cores, caches and memory bandwidth measured sharing them); the
-    step time is their mean, the rest copy 0's."""
+    result.json, its step time the median of its measured windows and `spread` their
+    coefficient of variation (plan/spread.py). `copies` > 1: that many identical calibrations
+    at once (CPU processes that will share this machine's cores, caches and memory bandwidth
+    measured sharing them); the step time is their medians' mean, the rest copy 0's."""
     out.mkdir(parents=True, exist_ok=True)
     cal_cfg = calibration_config(cfg, steps, threads, run_as, wrapper)
     (out / "config.yaml").write_text(to_yaml(cal_cfg))
@@ -120,8 +122,14 @@ def measure_step(
             )
         results.append(json.loads(result.read_text()))
     first = results[0]
+    steadiness = [spread.of_windows(r["summary"].get("step_windows_s") or []) for r in results]
+    first["summary"]["mean_step_time_s"] = first["summary"]["step_time_s"]
+    # the median window: a few steps that waited for another process move it least; the
+    # spread: the least steady copy's
+    first["summary"]["spread"] = max(cv for _, cv in steadiness)
+    first["summary"]["step_time_s"] = steadiness[0][0]
     if copies > 1:
-        times = [r["summary"]["step_time_s"] for r in results]
+        times = [median for median, _ in steadiness]
         first["summary"]["copies_step_time_s"] = times
         first["summary"]["step_time_s"] = sum(times) / len(times)
     return first

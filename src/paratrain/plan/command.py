@@ -8,10 +8,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from paratrain.bench import arith
 from paratrain.config import RunConfig
 from paratrain.errors import UserError
 from paratrain.metrics import memory_capacity_bytes
-from paratrain.plan import calibrate, predict
+from paratrain.plan import calibrate, predict, spread
 from paratrain.plan.model import Calibration, Links
 
 BUCKET = 25 * 2**20  # DDP's default bucket: the all-reduce size the link is measured at
@@ -31,6 +32,10 @@ class PlanArgs:
     """Only these (default: every one the task has)."""
     window_s: float = 10.0
     """CPU: how long the copies of a shared-machine calibration run together."""
+    tries: int = spread.TRIES
+    """Calibrations whose step spreads are measured again, at most this many times each."""
+    allow_noisy: bool = False
+    """Plan from the steadiest try instead of refusing a noisy machine."""
 
 
 def parse_scales(text: str, flag: str) -> list[int]:
@@ -73,6 +78,9 @@ class Plan:
         # (threads (0 on GPUs), wrapper, copies at once) -> the calibration's result.json
         self.calibrations: dict[tuple[int, str, int], dict] = {}
         self.buses: dict[int, float] = {}
+        self.load = spread.load_note(self.cores)  # said before the timings it may disturb
+        if self.load:
+            print(f"plan: {self.load}; the calibrations may be noisy", flush=True)
 
     def threads(self, n: int) -> int | None:
         """CPU threads per process at N local processes, as `paratrain run` gives them."""
@@ -87,8 +95,11 @@ class Plan:
         calibrated as N copies running at once: what sharing the machine costs is measured,
         over a window long enough (--window, 10 s) for the copies to overlap."""
         local = min(n, self.per_node)
-        threads = self.threads(local)
-        copies = local if self.cpu else 1
+        return self.calibration(self.threads(local), wrapper, local if self.cpu else 1)
+
+    def calibration(self, threads: int | None, wrapper: str, copies: int) -> dict:
+        """One calibration (copies at once, threads each), measured until steady
+        (plan/spread.py), once per plan."""
         key = (threads or 0, wrapper, copies)
         if key not in self.calibrations:
             steps = self.args.steps
@@ -101,15 +112,33 @@ class Plan:
             print(
                 f"plan: calibrating one device ({wrapper}{what}{also}): {steps} steps", flush=True
             )
-            self.calibrations[key] = calibrate.measure_step(
-                self.cfg,
-                self.args.out / f"calibration_{wrapper}_{key[0]}x{copies}",
-                steps=steps,
-                threads=threads,
-                wrapper=wrapper,
-                copies=copies,
+            folder = self.args.out / f"calibration_{wrapper}_{key[0]}x{copies}"
+            self.calibrations[key] = spread.steady(
+                lambda attempt: calibrate.measure_step(
+                    self.cfg,
+                    folder.with_name(folder.name + (f"_try{attempt}" if attempt > 1 else "")),
+                    steps=steps,
+                    threads=threads,
+                    wrapper=wrapper,
+                    copies=copies,
+                ),
+                f"one device ({wrapper}{what}{also})",
+                tries=self.args.tries,
+                allow_noisy=self.args.allow_noisy,
+                load=self.load,
             )
         return self.calibrations[key]
+
+    def starved(self) -> str | None:
+        """On the CPU, where one process runs several threads: the one-device step at one
+        thread as well; a line when the threads made it far slower (they waited for cores
+        that other processes hold), else None. Asked only where a row scaled above ideal."""
+        threads = self.threads(1) or 1
+        if not self.cpu or threads <= 1:
+            return None
+        many = self.result(1)["summary"]["step_time_s"]
+        one = self.calibration(1, "single", 1)["summary"]["step_time_s"]
+        return spread.starved(many, one, threads, self.load)
 
     def cal_at(self, n: int, strategy: str = "ddp") -> Calibration:
         wrapper = "fsdp" if strategy in ("fsdp", "hsdp") else "single"
@@ -225,6 +254,17 @@ def describe_links(plan: Plan, links: Links) -> str:
     return f"{inside}{across}; {links.per_node} GPUs per node"
 
 
+def starved(plan: Plan, rows: list[dict]) -> str | None:
+    """Where a row scaled above ideal: whether one device's threads waited for cores (then
+    refused, unless --allow-noisy)."""
+    if not any(scaling_flag(r) for r in rows):
+        return None
+    line = plan.starved()
+    if line and not plan.args.allow_noisy:
+        raise UserError(f"plan: {line}; or pass --allow-noisy to plan anyway")
+    return line
+
+
 def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
     plan = Plan(cfg, args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -256,19 +296,67 @@ def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
         "device": "cpu" if plan.cpu else "cuda",
         "calibration": asdict(cal),
         "calibration_step_s": plan.result(1)["summary"]["step_time_s"],
+        "calibration_step_spread": plan.result(1)["summary"]["spread"],
         "calibrations": {
             f"{wrapper}, {threads or 1} threads, {copies} at once": r["summary"]["step_time_s"]
             for (threads, wrapper, copies), r in plan.calibrations.items()
         },
+        # each calibration's windows' coefficient of variation, the tries it took, and
+        # whether it stayed above the limit (--allow-noisy)
+        "calibration_spread": {
+            f"{wrapper}, {threads or 1} threads, {copies} at once": {
+                k: r["summary"][k] for k in ("spread", "tries", "noisy", "step_windows_s")
+            }
+            for (threads, wrapper, copies), r in plan.calibrations.items()
+        },
+        "load": plan.load,
         "links": {"description": describe_links(plan, links), "measured": plan.buses},
         "assumptions": assumptions(plan, links),
         "rows": rows,
         "advice": predict.advice(rows, links),
     }
+    found["starved"] = starved(plan, rows)
     if args.measure:
         found["measured"] = measured_runs(plan, rows)
     (args.out / "plan.json").write_text(json.dumps(found, indent=1, default=str) + "\n")
     return found
+
+
+ABOVE_IDEAL = (
+    "scaling above 100%: N devices predicted faster per device than the one-device calibration, "
+    "suspect until explained (bench/arith.py's rule, as `paratrain report` flags it): a "
+    "one-device step that waited on other processes (see its spread), or on the CPU one "
+    "process's threads using the cores less well than N single-thread processes"
+)
+
+
+def scaling_flag(r: dict) -> str:
+    """` ⚠ above the ideal Nx: suspect` for a row whose scaling efficiency is above 100%."""
+    return arith.suspect(r["scaling_efficiency"] * r["gpus"], r["gpus"])
+
+
+def scaling_cell(r: dict) -> str:
+    """The table's cell: the efficiency, marked ⚠ above ideal (the note below says why)."""
+    return f"{r['scaling_efficiency']:.0%}" + (" ⚠" if scaling_flag(r) else "")
+
+
+def print_header(console, found: dict) -> None:
+    """One device's step and its parts, its spread; the noisy calibrations planned from."""
+    cal = found["calibration"]
+    console.print(
+        f"[bold]paratrain plan[/] {found['recipe']} on {found['device']}: one device's step "
+        f"{found['calibration_step_s'] * 1000:,.1f} ms (forward {cal['forward_s'] * 1000:,.1f}, "
+        f"backward {cal['backward_s'] * 1000:,.1f}, optimizer {cal['optimizer_s'] * 1000:,.1f}, "
+        f"other {cal['other_s'] * 1000:,.1f}; spread {found['calibration_step_spread']:.0%}), "
+        f"{cal['params']:,} parameters ({cal['trainable'] or cal['params']:,} trained)"
+    )
+    noisy = [k for k, v in found.get("calibration_spread", {}).items() if v["noisy"]]
+    if noisy:
+        console.print(
+            f"  [bold]noisy:[/] calibrations {'; '.join(noisy)} spread above "
+            f"{spread.LIMIT:.0%} (--allow-noisy): every row is uncertain by as much",
+            highlight=False,
+        )
 
 
 def print_plan(found: dict) -> None:
@@ -278,14 +366,7 @@ def print_plan(found: dict) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # a log file or a pipe: the whole table, not cut to 80
-    cal = found["calibration"]
-    console.print(
-        f"[bold]paratrain plan[/] {found['recipe']} on {found['device']}: one device's step "
-        f"{found['calibration_step_s'] * 1000:,.1f} ms (forward {cal['forward_s'] * 1000:,.1f}, "
-        f"backward {cal['backward_s'] * 1000:,.1f}, optimizer {cal['optimizer_s'] * 1000:,.1f}, "
-        f"other {cal['other_s'] * 1000:,.1f}), {cal['params']:,} parameters "
-        f"({cal['trainable'] or cal['params']:,} trained)"
-    )
+    print_header(console, found)
     measured = {(m["strategy"], m["gpus"]): m for m in found.get("measured", [])}
     table = Table()
     columns = [
@@ -308,7 +389,7 @@ def print_plan(found: dict) -> None:
             str(r["gpus"]),
             f"{r['step_s'] * 1000:,.1f}",
             f"{r['samples_per_s']:,.1f}",
-            f"{r['scaling_efficiency']:.0%}",
+            scaling_cell(r),
             f"{r['comm_s'] * 1000:,.1f}",
             f"{r['exposed_share']:.0%}",
             f"{r['memory_bytes'] / 2**20:,.0f} MiB" + ("" if r["fits"] else " (no fit)"),
@@ -325,6 +406,8 @@ def print_plan(found: dict) -> None:
                 cells += ["failed" if m else "", "", ""]
         table.add_row(*cells)
     console.print(table)
+    if any(scaling_flag(r) for r in found["rows"]):
+        console.print(f"  ⚠ {found.get('starved') or ABOVE_IDEAL}", highlight=False)
     for line in found["assumptions"]:
         console.print(f"  assumes: {line}", highlight=False)
     for line in found["advice"]:

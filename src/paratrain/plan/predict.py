@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from paratrain.bench import arith
 from paratrain.plan.model import (
     Calibration,
     Links,
@@ -170,9 +171,11 @@ def advice(rows: list[dict], links: Links) -> list[str]:
         ]
         if fitting:
             best = max(fitting, key=lambda r: r["samples_per_s"])
+            eff = best["scaling_efficiency"]
             lines.append(
                 f"fastest at {_gpus(n)}: {best['strategy']} "
-                f"({best['samples_per_s']:,.1f} samples/s, {best['scaling_efficiency']:.0%} of linear)"
+                f"({best['samples_per_s']:,.1f} samples/s, {eff:.0%} of linear)"
+                + arith.suspect(eff * n, n)
             )
     return lines
 

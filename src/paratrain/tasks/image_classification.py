@@ -10,11 +10,12 @@ import torch.nn.functional as F
 
 from paratrain.config.data import IMAGE_SOURCES
 from paratrain.config.model import IMAGE_MODELS
+from paratrain.data import images
 from paratrain.data.device import DeviceLoader
 from paratrain.data.loader import build_data
-from paratrain.data.sources import find_mnist_files
+from paratrain.data.sources import FolderImages, find_mnist_files
 from paratrain.distributed import process_group as pg
-from paratrain.errors import UserError
+from paratrain.errors import DataError, UserError
 from paratrain.models import build_model, resolve_builder
 from paratrain.models.vision import VisionSpec
 from paratrain.protocols import BuildContext, Layout, Machine, PipelineHooks, Task, Workload
@@ -22,6 +23,11 @@ from paratrain.protocols import BuildContext, Layout, Machine, PipelineHooks, Ta
 
 def check(cfg, layout: Layout) -> None:
     """Config-time checks of this task (ValueError naming the field)."""
+    if cfg.data.bad_images == "skip" and cfg.data.source != "imagefolder":
+        raise ValueError(
+            f"data.bad_images: skip leaves out an imagefolder's unreadable files; "
+            f"data.source is {cfg.data.source}"
+        )
     if cfg.data.resize_on == "gpu" and cfg.device == "cpu":
         raise ValueError("data.resize_on: gpu needs a CUDA device, got device=cpu; use cpu")
     if cfg.model.depthwise_conv == "shift-add" and not cfg.train.compile:
@@ -119,11 +125,38 @@ def preflight(cfg, layout: Layout, cuda: bool) -> None:
     if cfg.data.source == "mnist":
         for train_split in (True, False):
             find_mnist_files(cfg.data.path, train_split)
-    elif cfg.data.source == "imagefolder" and not Path(cfg.data.path).is_dir():
-        raise UserError(
-            f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
-        )
+    elif cfg.data.source == "imagefolder":
+        if not Path(cfg.data.path).is_dir():
+            raise UserError(
+                f"data.path: no such folder {cfg.data.path} (one sub-folder of images per class)"
+            )
+        check_images(cfg.data)
     resolve_builder(cfg.model.name)  # a user's "module:function" that does not import
+
+
+def check_images(d) -> None:
+    """Every file of the ImageFolder(s) opened and verified (data/images.py), once, before any
+    process starts: data.bad_images=error refuses the run naming them; skip says how many the
+    run leaves out."""
+    for key, root in (("data.path", d.path), ("data.val_path", d.val_path)):
+        if not root:
+            continue
+        paths = FolderImages(root, 3).paths()
+        bad = images.bad_files(root, paths, progress=True)
+        if not bad:
+            continue
+        count = f"{len(bad):,} image{'s' if len(bad) != 1 else ''}"
+        if d.bad_images == "error":
+            raise DataError(
+                f"{key}: {count} of {len(paths):,} in {root} cannot be read: "
+                f"{images.named(bad, root)}. Replace or remove them, or set "
+                "data.bad_images=skip to train without them"
+            )
+        print(
+            f"data: skipped {count} of {len(paths):,} in {key}={root} that cannot be read "
+            f"(data.bad_images=skip): {images.named(bad, root)}",
+            flush=True,
+        )
 
 
 def loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,19 @@ def epoch_line(record: dict[str, Any]) -> str:
     )
 
 
+def step_windows(
+    times: list[float] | None, measured: int, excluded: bool = True, k: int = 5
+) -> list[float]:
+    """The last `measured` step times cut into up to k consecutive windows of (near) equal
+    length -> each window's mean step, in seconds (none without a measured window: warm-up
+    not `excluded`)."""
+    times = times or []
+    steps = times[len(times) - measured :] if measured > 0 and excluded else []
+    k = min(k, len(steps))
+    cuts = [round(i * len(steps) / k) for i in range(k + 1)] if k else []
+    return [sum(steps[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
 def build(
     run,
     *,
@@ -47,6 +60,7 @@ def build(
     phases: dict | None = None,
     stalls: dict | None = None,
     checkpoints: dict | None = None,
+    step_times: list[float] | None = None,
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
     device = env.device
@@ -72,6 +86,9 @@ def build(
         "measured_steps": measured_steps,
         "warmup_excluded": warmup_excluded,
         "step_time_s": measured_s / max(measured_steps, 1),
+        # how steady the measured steps were: their mean step in consecutive windows (`paratrain
+        # plan` repeats a calibration whose windows spread)
+        "step_windows_s": step_windows(step_times, measured_steps, warmup_excluded),
         "unique_samples_per_s": run.unique_per_step * measured_steps / measured_s,
         "processed_samples_per_s": run.processed_per_step * measured_steps / measured_s,
         "train_loss": last.get("train_loss"),

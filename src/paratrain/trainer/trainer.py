@@ -222,6 +222,7 @@ class Trainer:
             artifacts=artifacts,
             stalls={"slow_steps": measure.stalls.stalls, "stragglers": self.watchdog.incidents},
             checkpoints=self.checkpoints.stats,
+            step_times=measure.stalls.times,  # each step's seconds, as the stall meter saw them
         )
         if run.env.is_main:
             metrics.write_json(run.out_dir / "result.json", result)

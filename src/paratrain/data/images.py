@@ -1,0 +1,81 @@
+"""An image folder's files checked before training: each file opened by PIL and verified
+(Image.open + verify: the format's header and structure, no pixels decoded; a PNG's chunks and
+their checksums), in a pool of threads (the work is mostly waiting on the disk). A file that
+cannot be read is named before any process starts, instead of stopping the run at the batch
+that meets it (batch 1: mid-way) or passing unseen when the run does not reach it.
+
+data.bad_images=error (the default) refuses the run naming every bad file; skip leaves them
+out of the data set with a count said once. The launching process checks (runner.preflight);
+with skip, a worker process that trains on the folder checks it again, quietly, to leave out
+the same files (the result is kept per process: one process checks once)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+PROGRESS_FROM = 2000
+"""Folders of at least this many files show a progress bar while checked."""
+SHOWN = 10
+"""Bad files named in the one line (the count says how many more)."""
+CHUNK = 256
+"""Files a thread checks per task."""
+
+_checked: dict[tuple[str, int], list[tuple[str, str]]] = {}
+
+
+def problem(path: str) -> str | None:
+    """-> why PIL cannot read this image file, or None when its header and structure hold."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except Exception as e:  # PIL's readers raise OSError, SyntaxError, struct.error, ...
+        why = str(e).replace(f" '{path}'", "")  # PIL names the file: it is named already
+        return f"{type(e).__name__}: {why}".strip()[:120]
+    return None
+
+
+def _problems(paths: Sequence[str]) -> list[str | None]:
+    return [problem(p) for p in paths]
+
+
+def unreadable(paths: Sequence[str], *, progress: bool = False) -> list[tuple[str, str]]:
+    """-> (path, why) of each file in `paths` that cannot be read, in their order; a progress
+    bar (progress=True) for PROGRESS_FROM files or more."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    # chunks: a million files are a few thousand tasks, not a million futures
+    chunks = [paths[i : i + CHUNK] for i in range(0, len(paths), CHUNK)]
+    workers = min(32, 4 * (os.cpu_count() or 1), max(len(chunks), 1))
+    bar = None
+    with contextlib.ExitStack() as stack:
+        if progress and len(paths) >= PROGRESS_FROM:
+            from rich.progress import Progress
+
+            bar = stack.enter_context(Progress(transient=True))
+            task = bar.add_task(f"checking {len(paths):,} images", total=len(paths))
+        pool = stack.enter_context(ThreadPoolExecutor(workers, "paratrain-images"))
+        problems: list[str | None] = []
+        for chunk, found in zip(chunks, pool.map(_problems, chunks), strict=True):
+            problems += found
+            if bar is not None:
+                bar.advance(task, len(chunk))
+    return [(p, why) for p, why in zip(paths, problems, strict=True) if why is not None]
+
+
+def bad_files(root: str, paths: Sequence[str], *, progress: bool = False) -> list[tuple[str, str]]:
+    """unreadable(paths) of the folder `root`, checked once per process."""
+    key = (os.path.abspath(root), len(paths))
+    if key not in _checked:
+        _checked[key] = unreadable(paths, progress=progress)
+    return _checked[key]
+
+
+def named(bad: list[tuple[str, str]], root: str) -> str:
+    """The first SHOWN bad files, relative to root, with why; the count of the rest."""
+    shown = "; ".join(f"{os.path.relpath(p, root)} ({why})" for p, why in bad[:SHOWN])
+    more = len(bad) - SHOWN
+    return shown + (f"; and {more:,} more" if more > 0 else "")

@@ -1,0 +1,75 @@
+"""An image folder's unreadable files named before training (issue 50, item 11): every file's
+header checked by PIL in the launching process; data.bad_images=error refuses the run in one
+line naming them (exit 2, no run folder), skip trains without them and says how many."""
+
+import numpy as np
+from conftest import TINY
+from PIL import Image
+
+from paratrain.cli import main
+from paratrain.data import images
+
+
+def image_folder(root, *, corrupt=(), truncated=()):
+    """Two classes of 8 small gray PNGs; the named files replaced by garbage or cut short."""
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 255, (20, 20), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / cls / f"{i}.png")
+    for name in corrupt:
+        (root / name).write_bytes(b"not an image at all" * 10)
+    for name in truncated:  # the header intact, the pixel chunks cut off
+        path = root / name
+        path.write_bytes(path.read_bytes()[:60])
+    return root
+
+
+def test_unreadable_files_are_found_and_named(tmp_path, monkeypatch):
+    root = image_folder(tmp_path / "imgs", corrupt=["a/3.png"], truncated=["b/5.png"])
+    paths = sorted(str(p) for p in root.rglob("*.png"))
+    monkeypatch.setattr(images, "PROGRESS_FROM", 4)  # the bar's path too, on 16 files
+    monkeypatch.setattr(images, "CHUNK", 3)  # several threads' chunks, answers kept in order
+    bad = images.unreadable(paths, progress=True)
+    assert [p for p, _ in bad] == [str(root / "a/3.png"), str(root / "b/5.png")]
+    assert "cannot identify image file" in bad[0][1]
+    line = images.named(bad, str(root))
+    assert line.startswith("a/3.png (UnidentifiedImageError") and "; b/5.png (" in line
+    monkeypatch.setattr(images, "SHOWN", 1)
+    assert images.named(bad, str(root)).endswith("; and 1 more")
+
+
+def run(tmp_path, root, *sets):
+    sets = ["data.source=imagefolder", f"data.path={root}", "data.image_size=28",
+            "data.channels=1", "data.batch_size=4", "data.val_fraction=0", "strategy=single",
+            "train.max_steps=2", "train.warmup_steps=0", *sets]  # fmt: skip
+    args = [a for s in sets for a in ("--set", s)]
+    return main(
+        ["run", "recipes/tiny_cpu.yaml", *TINY, *args, "--output-dir", str(tmp_path / "run")]
+    )
+
+
+def test_a_corrupt_image_refuses_the_run_before_it_starts(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", corrupt=["b/7.png"])
+    assert run(tmp_path, root) == 2
+    err = capsys.readouterr().err
+    assert err.count("error") == 1 and "Traceback" not in err and len(err.splitlines()) == 1
+    assert "data.path: 1 image of 16" in err and "b/7.png (UnidentifiedImageError" in err
+    assert "data.bad_images=skip" in err
+    assert not (tmp_path / "run").exists()  # refused before any run folder
+
+
+def test_skip_trains_without_them_and_says_how_many(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", corrupt=["b/7.png"])
+    assert run(tmp_path, root, "data.bad_images=skip", "train.max_steps=4") == 0
+    out = capsys.readouterr().out
+    assert out.count("skipped 1 image of 16") == 1 and "b/7.png" in out
+    # the run trained on the 15 others: 3 full batches of 4 in an epoch, none of them failed
+    assert (tmp_path / "run" / "result.json").is_file()
+
+
+def test_skip_applies_to_image_folders_only(tmp_path, capsys):
+    assert main(["run", "recipes/tiny_cpu.yaml", *TINY, "--set", "data.bad_images=skip",
+                 "--output-dir", str(tmp_path / "run")]) == 2  # fmt: skip
+    assert "data.bad_images: skip leaves out an imagefolder's" in capsys.readouterr().err
