@@ -4,9 +4,11 @@ parallel nor the loop, collectives no metrics, the CLI no model code, no import 
 function in src/ above cyclomatic complexity 20 (radon's count)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 from conftest import REPO
@@ -41,6 +43,58 @@ def test_a_planted_violation_breaks_the_contract(tmp_path):
     assert proc.returncode != 0
     assert "tasks import neither parallel nor trainer BROKEN" in proc.stdout
     assert "paratrain.tasks.custom -> paratrain.trainer.run" in proc.stdout
+
+
+def task_name_comparisons(source: str, names) -> list[str]:
+    """Lines that ask a task by name (`task == "gan"`, `task in ("causal_lm", ...)`): a question
+    that belongs in a field the Task declares (protocols.Task)."""
+    quoted = "|".join(re.escape(n) for n in names)
+    pattern = re.compile(
+        rf"""[=!]=\s*["']({quoted})["']|["']({quoted})["']\s*[=!]="""
+        rf"""|\bin\s*[(\[{{][^)\]}}]*["']({quoted})["']"""
+    )
+    return [line.strip() for line in source.splitlines() if pattern.search(line)]
+
+
+def test_no_task_named_outside_tasks_and_bench():
+    """Outside tasks/ (the tasks themselves) and bench/ (the peers' own programs), nothing
+    branches on a task's name: it reads what the Task declares."""
+    from paratrain.tasks import TASKS
+
+    root = REPO / "src" / "paratrain"
+    found = [
+        f"{path.relative_to(REPO)}: {line}"
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] not in ("tasks", "bench")
+        for line in task_name_comparisons(path.read_text(), TASKS)
+    ]
+    assert not found, found
+
+
+def test_the_task_name_check_can_fail():
+    names = ["causal_lm", "gan"]
+    planted = (
+        'if plan.task == "causal_lm":\n'
+        "ok = task != 'gan'\n"
+        'lm = cfg.task in ("masked_lm", "causal_lm")\n'
+        'family = "gan"\n'  # an assignment: not a question
+        'x = {"task": "gan"}\n'
+    )
+    assert task_name_comparisons(planted, names) == [
+        'if plan.task == "causal_lm":',
+        "ok = task != 'gan'",
+        'lm = cfg.task in ("masked_lm", "causal_lm")',
+    ]
+
+
+def test_the_task_names_have_one_source():
+    """`task:` accepts (config/run.py's TaskName) what TASKS holds, and each name's module
+    declares a Task of that name."""
+    from paratrain.config import TaskName
+    from paratrain.tasks import TASKS, get_task
+
+    assert ("auto", *TASKS) == typing.get_args(TaskName)
+    assert all(get_task(name).name == name for name in TASKS)
 
 
 def over_the_limit(source: str) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.config.data import IMAGE_SOURCES
+from paratrain.config.keys import IMAGE_UNREAD
 from paratrain.distributed import process_group as pg
 from paratrain.models.gan import GAN, GanSpec
 from paratrain.profiling import phase
@@ -55,6 +56,19 @@ def _bce(logits: torch.Tensor, target: float) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(
         logits.float(), torch.full_like(logits.float(), target)
     )
+
+
+def held_out_line(result: dict) -> str:
+    """Two losses, and the score when a classifier is given (the summary line's end)."""
+    last = result["epochs"][-1] if result["epochs"] else {}
+    held = (
+        f"held-out D loss {last['val_d_loss']:.4f}, G loss {last['val_g_loss']:.4f}"
+        if "val_d_loss" in last
+        else "no held-out set"
+    )
+    if "fid_classifier" in last:
+        held += f", fid_classifier {last['fid_classifier']:.1f}"
+    return held
 
 
 def _no_single_loss(model, batch):
@@ -240,4 +254,7 @@ TASK = Task(
     build=build,
     describes="a DCGAN generator and discriminator, alternating updates, held-out D/G losses",
     compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
+    unread=("lora", *IMAGE_UNREAD),
+    imports=lambda cfg: ("torchvision",),
+    held_out_line=held_out_line,
 )

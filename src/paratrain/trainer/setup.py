@@ -215,7 +215,7 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
             train=cfg.train,
             ddp=cfg.ddp,
             parallel=cfg.parallel,
-            lora=plan.task == "causal_lm" and cfg.lora.enabled,
+            lora=plan.task_spec.lora and cfg.lora.enabled,
             compile_units=compile_units,
             stage_modules=stages,
             link=link,
