@@ -64,6 +64,18 @@ class RunPlan:
         return self.layout.degrees
 
     @property
+    def strategy_doc(self) -> str:
+        """What the strategy is, in a line (result.json's strategy_doc)."""
+        return strategies.STRATEGIES[self.strategy].doc
+
+    def lines(self, built: dict | None = None) -> list[str]:
+        """What rank 0 prints before step 1 (show.py); `built`: counts known once the model
+        and data exist."""
+        from paratrain.runplan import show
+
+        return show.lines(self, built)
+
+    @property
     def task_spec(self) -> Task:
         """What the task declares (protocols.Task): what the parts after the plan ask of it."""
         return get_task(self.task)

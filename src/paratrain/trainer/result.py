@@ -16,7 +16,6 @@ from paratrain.config import for_task
 from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
 from paratrain.protocols import unwrap
-from paratrain.runplan.strategies import STRATEGIES
 from paratrain.tasks import counts_tokens, get_task
 from paratrain.telemetry import energy_summary
 
@@ -114,7 +113,7 @@ def build(
         "name": cfg.name,
         "task": run.plan.task,
         "strategy": run.plan.label,
-        "strategy_doc": STRATEGIES[run.plan.strategy].doc,
+        "strategy_doc": run.plan.strategy_doc,
         "parallel": {
             **dims.describe(),
             "label": dims.label(),
@@ -332,6 +331,6 @@ def energy_line(e: dict | None) -> str:
 
 
 def _version() -> str:
-    from paratrain import __version__
+    from paratrain.version import __version__
 
     return __version__

@@ -303,7 +303,6 @@ def announce(run: Run) -> None:
     env, out_dir = run.env, run.out_dir
     if env.is_main and not restarted():
         from paratrain.config import to_yaml
-        from paratrain.runplan import show
 
         out_dir.mkdir(parents=True, exist_ok=True)
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
@@ -311,7 +310,7 @@ def announce(run: Run) -> None:
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
         run.plan.save(out_dir / "plan.json", run.built)
         print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
-        print("\n".join(show.lines(run.plan, run.built)), flush=True)
+        print("\n".join(run.plan.lines(run.built)), flush=True)
     nccl = env.device.type == "cuda" and env.world_size > 1
     if env.is_main and run.cfg.dist.flight_recorder and nccl:
         # NCCL dumps here by itself when a collective times out (gloo's dumps, the watchdog's,
