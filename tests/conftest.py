@@ -14,6 +14,16 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
 
+def train(plan):
+    """One rank's run in this process (trainer.loop.train), from a RunConfig too: resolved to
+    its plan here, as the command and paratrain.train do (the trainer takes a plan and never
+    re-enters runplan)."""
+    from paratrain.runplan import RunPlan, resolve
+    from paratrain.trainer import loop
+
+    return loop.train(plan if isinstance(plan, RunPlan) else resolve(plan))
+
+
 @pytest.fixture
 def one_rank_group():
     """A one-process gloo group here: DDP wrappers and hooks run without launching anything."""

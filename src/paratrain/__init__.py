@@ -8,7 +8,7 @@ fastest for your model.
 import logging
 import warnings
 
-__version__ = "0.1.0"
+from paratrain.version import __version__  # noqa: F401  (paratrain.__version__)
 
 
 def _quiet_enum_registration(record: logging.LogRecord) -> bool:

@@ -18,6 +18,7 @@ def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = 
     """-> what was written: {"format", "files", "step", "source"}."""
     from paratrain.checkpoint import read_checkpoint, resolve_resume
     from paratrain.config import load_config
+    from paratrain.tasks import get_task
 
     source = resolve_resume(checkpoint)
     cfg_path = Path(config) if config else source.parent.parent / "config.yaml"
@@ -33,7 +34,7 @@ def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = 
     state = read_checkpoint(source)
     tensors = state["model"]
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.task == "causal_lm":
+    if get_task(cfg.task).export_format == "huggingface":
         fmt = _hf_folder(cfg, tensors, out)
     else:
         from safetensors.torch import save_file

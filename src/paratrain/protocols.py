@@ -123,6 +123,10 @@ def no_levers(cfg: Any, layout: Layout, machine: Machine) -> dict[str, tuple[Any
     return {}
 
 
+def no_imports(cfg: Any) -> tuple[str, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class BuildContext:
     """What a task's build gets on each rank."""
@@ -179,6 +183,32 @@ class Task:
     """(config, layout, machine) -> {dotted key: (value, reason)}: the automatic levers this
     task knows best (CUDA graphs for its batches, its kernels), read after train.compile is
     decided; a key it leaves out takes the plain setting (runplan/levers.py)."""
+    # What the parts outside tasks/ ask of a task, each a question of its own (never its name):
+    unread: tuple[str, ...] = ()
+    """The config sections (lora, gan) and dotted keys (model.shape, data.packing) it never
+    reads: result.json's config leaves them out, so it reads as the run it describes."""
+    lora: bool = False
+    """lora.enabled puts LoRA adapters (peft) on its model: only they train."""
+    fp8: bool = False
+    """model.fp8 / model.fp8_lm_head make its linear layers float8 (torchao): the plan, its
+    hints and result.json name them."""
+    decoder_levers: bool = False
+    """The levers measured on a decoder stack apply: train.bf16_weights (fp32 masters in
+    MasterAdamW), train.compile_scope=decoder (one graph over the decoder), and `paratrain
+    tune` searches model.kernels, model.fp8 and model.loss_chunk_tokens."""
+    image_levers: bool = False
+    """The image models' levers apply: the Triton depthwise / BatchNorm layers (a note where no
+    GPU runs them), channels_last, cudnn_benchmark, data.resize_on and the loader's workers
+    (`paratrain tune` searches them; `paratrain doctor` times its loader alone)."""
+    export_format: str = "safetensors"
+    """What `paratrain export` writes of a checkpoint: safetensors (the model's tensors), or
+    huggingface (the model rebuilt and saved by transformers, a LoRA run's by peft)."""
+    imports: Callable[[Any], tuple[str, ...]] = no_imports
+    """(config) -> the third-party modules its build imports: the CPU workers' fork server
+    imports them once (runner.worker_imports), and no others."""
+    held_out_line: Callable[[dict[str, Any]], str] | None = None
+    """(result.json) -> the summary line's held-out part, where its metrics are not an
+    accuracy or a loss (the GAN's two losses); None: held-out accuracy, else loss."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from paratrain import job, launch, runfolder
 from paratrain.config import to_yaml
-from paratrain.config.model import IMAGE_MODELS
 from paratrain.errors import ERROR_DIR, UserError
 from paratrain.runplan import RunPlan
 from paratrain.tasks import get_task
@@ -115,30 +114,9 @@ def worker_imports(plan: RunPlan) -> tuple[str, ...]:
     # torch's compiler config (dynamo and inductor, ~1.2 s of CPU): every worker reads it,
     # through DDP's optimize_ddp switch or the compile options' check, compiled or not.
     compiler = ("torch._inductor.config",)
-    return ("paratrain.worker", "paratrain.trainer.trainer", *compiler, *_library_imports(plan))
-
-
-# Models and data sources built with torchvision (timm's import it too); the tiny CNN on
-# mnist-sample or synthetic images needs none of it, and its import (~1.5 s of CPU) is most of
-# such a short run's start.
-_TORCHVISION_MODELS = tuple(m for m in IMAGE_MODELS if m != "tiny_cnn")
-_TORCHVISION_SOURCES = ("mnist", "imagefolder")
-
-
-def _library_imports(plan: RunPlan) -> tuple[str, ...]:
-    """The third-party libraries this run's task, model and data import (none for custom)."""
-    cfg = plan.config
-    if plan.task == "custom":
-        return ()
-    if plan.task == "causal_lm":  # peft imports transformers' models and the Llama classes
-        return ("transformers", "peft")
-    if plan.task in ("masked_lm", "text_classification"):
-        # `import transformers` alone is its lazy shell; the BERT classes, the tokenizer and
-        # torchvision (when installed) come in with modeling_utils
-        return ("transformers.modeling_utils", "transformers.tokenization_utils_fast")
-    name = cfg.model.name
-    vision = plan.task == "gan" or name in _TORCHVISION_MODELS or name.startswith("timm:")
-    return ("torchvision",) if vision or cfg.data.source in _TORCHVISION_SOURCES else ()
+    # the third-party libraries this run's task, model and data import (none for custom)
+    libraries = get_task(plan.task).imports(plan.config)
+    return ("paratrain.worker", "paratrain.trainer.trainer", *compiler, *libraries)
 
 
 def with_output_dir(plan: RunPlan) -> RunPlan:

@@ -10,10 +10,9 @@ tiny-gpt2 on random tokens, fp32, AdamW, 4 steps at lr 0.01; TOL as test_model_p
 """
 
 import pytest
-from conftest import final_weights, max_abs_diff, read_result, run_cli, sets
+from conftest import final_weights, max_abs_diff, read_result, run_cli, sets, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 pytestmark = pytest.mark.dist
 

@@ -11,10 +11,9 @@ reduction moves weights by lr = 1e-2 within a step, which the second check shows
 """
 
 import pytest
-from conftest import TINY_LM, final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY_LM, final_weights, max_abs_diff, read_result, run_cli, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 pytestmark = pytest.mark.dist
 

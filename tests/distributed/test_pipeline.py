@@ -4,10 +4,9 @@ held-out accuracy); a checkpoint merged from the stages resumes the pipeline and
 strategy."""
 
 import pytest
-from conftest import TINY, final_weights, max_abs_diff, read_ckpt, read_result, run_cli
+from conftest import TINY, final_weights, max_abs_diff, read_ckpt, read_result, run_cli, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 pytestmark = pytest.mark.dist
 

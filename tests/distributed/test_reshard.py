@@ -11,10 +11,9 @@ draw none (no dropout, synthetic rows).
 """
 
 import pytest
-from conftest import TINY_LM, final_weights, max_abs_diff, read_result, run_cli
+from conftest import TINY_LM, final_weights, max_abs_diff, read_result, run_cli, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 pytestmark = pytest.mark.dist
 

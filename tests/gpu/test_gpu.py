@@ -446,10 +446,9 @@ def test_step_log_points_read_off_the_gpu_match_the_epoch(tmp_path):
     their losses average to the epoch's, as tests/unit/test_steplog.py checks on the CPU."""
     import json
 
-    from conftest import TINY_LM
+    from conftest import TINY_LM, train
 
     from paratrain.config import load_config
-    from paratrain.trainer.loop import train
 
     out = tmp_path / "run"
     settings = [*TINY_LM, "device=cuda", "lora.enabled=false", "train.max_steps=6"]
@@ -466,10 +465,9 @@ def test_the_profiled_steps_list_the_hosts_syncs_and_a_log_point_makes_none(tmp_
     """profile.txt lists where the host waited for the GPU in the profiled steps (syncs.py);
     with the device's NaN verdict (fused AdamW) and a step-log point every step, none of them
     is the step log's: a point reads the host's clock (TrainClock.queued), not the device's."""
-    from conftest import TINY_LM
+    from conftest import TINY_LM, train
 
     from paratrain.config import load_config
-    from paratrain.trainer.loop import train
 
     out = tmp_path / "run"
     settings = [*TINY_LM, "device=cuda", "lora.enabled=false", "train.max_steps=8"]

@@ -10,14 +10,13 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY_LM, max_abs_diff
+from conftest import TINY_LM, max_abs_diff, train
 
 from paratrain.checkpoint import read_checkpoint
 from paratrain.config import load_config
 from paratrain.errors import UserError
 from paratrain.optim.master_adamw import MasterAdamW, to_bf16_weights
 from paratrain.runplan import resolve
-from paratrain.trainer.loop import train
 
 SHAPES = [(33, 17), (5,), (3000,)]  # odd sizes: the kernel's masked tail block
 

@@ -6,11 +6,10 @@ import time
 
 import pytest
 import torch
-from conftest import TINY_SETTINGS
+from conftest import TINY_SETTINGS, train
 
 from paratrain import telemetry
 from paratrain.config import load_config
-from paratrain.trainer import loop
 from paratrain.trainer import result as results
 from paratrain.trainer.measure import Meter, TrainClock
 
@@ -114,7 +113,7 @@ def test_run_reports_energy_per_sample(tmp_path, monkeypatch, capsys):
             f"output_dir={tmp_path}",
         ],
     )
-    loop.train(cfg)
+    train(cfg)
     s = json.loads((tmp_path / "result.json").read_text())["summary"]
     e = s["energy"]
     assert e["method"] == "nvml_total_energy" and e["gpus"] == 1
@@ -129,7 +128,7 @@ def test_cpu_run_has_no_energy(tmp_path):
         None,
         [*TINY_SETTINGS, "data.limit_samples=128", "train.max_steps=3", f"output_dir={tmp_path}"],
     )
-    loop.train(cfg)
+    train(cfg)
     assert json.loads((tmp_path / "result.json").read_text())["summary"]["energy"] is None
 
 

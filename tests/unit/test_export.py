@@ -3,12 +3,11 @@
 import json
 
 import torch
-from conftest import TINY_LM, TINY_SETTINGS, adapter_logits, last_checkpoint, max_abs_diff
+from conftest import TINY_LM, TINY_SETTINGS, adapter_logits, last_checkpoint, max_abs_diff, train
 
 from paratrain.checkpoint import list_checkpoints, read_checkpoint
 from paratrain.cli import main
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 
 def test_a_full_lm_checkpoint_exports_as_a_hugging_face_folder(tmp_path):

@@ -6,12 +6,11 @@ import json
 import math
 
 import pytest
-from conftest import TINY_SETTINGS
+from conftest import TINY_SETTINGS, train
 
 from paratrain.cli import build_parser
 from paratrain.config import load_config
 from paratrain.data.loader import held_out_order
-from paratrain.trainer.loop import train
 
 
 def test_a_short_run_still_logs_a_curve(tmp_path):

@@ -197,11 +197,10 @@ def test_python_docs_ship_with_python_and_bad_text_paths_are_one_line(tmp_path):
 
 
 def test_a_tiny_llama_learns_the_python_docs(tmp_path):
-    from conftest import TINY_LM
+    from conftest import TINY_LM, train
 
     from paratrain.config import load_config
     from paratrain.runplan import resolve
-    from paratrain.trainer.loop import train
 
     settings = [s for s in TINY_LM if not s.startswith("data.source")]
     cfg = load_config(

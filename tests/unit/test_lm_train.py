@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-from conftest import adapter_logits, last_checkpoint, lm_settings, read_ckpt, write_alpaca
+from conftest import adapter_logits, last_checkpoint, lm_settings, read_ckpt, train, write_alpaca
 
 import paratrain.tasks.causal_lm as lm_task
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 
 def capture_workload(monkeypatch) -> dict:

@@ -2,11 +2,10 @@
 states (their class is the one non-tensor value a checkpoint may hold, loaded without running
 code) and resumes bit for bit."""
 
-from conftest import TINY_LM, max_abs_diff
+from conftest import TINY_LM, max_abs_diff, train
 
 from paratrain.checkpoint import read_checkpoint
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 LM = [*TINY_LM, "lora.enabled=false", "train.optimizer=adamw8bit", "checkpoint.every_steps=2"]
 

@@ -226,9 +226,7 @@ def test_resume_with_another_batch_counts_this_layouts_steps(tmp_path):
     """A checkpoint from batch 8 (32 steps an epoch) resumed with batch 16 (16 an epoch): the
     64 samples of epoch 1 already trained are 4 steps of the new layout, and the run ends after
     2 epochs of it (32 steps), not after the old count (64)."""
-    from conftest import TINY_SETTINGS, read_result
-
-    from paratrain.trainer.loop import train
+    from conftest import TINY_SETTINGS, read_result, train
 
     base = [*TINY_SETTINGS, "data.limit_samples=256", "train.epochs=2", "checkpoint.keep=0"]
     train(

@@ -170,8 +170,9 @@ def test_plain_full_training_loop_follows_paratrain_step_for_step(tmp_path, monk
     check can fail (another seed's loop does not agree)."""
     import json
 
+    from conftest import train
+
     from paratrain.bench.peers import hf_lora
-    from paratrain.trainer.loop import train
 
     common = [
         *("task=causal_lm", "data.source=synthetic-text", "model.init=random"),

@@ -44,9 +44,10 @@ def test_builder_keyword_arguments_and_a_result_without_the_other_tasks_keys(tmp
     """model.kwargs reach the user's builder (a keyword it does not take is one line naming
     model.kwargs); an image run's result.json has no lora.* or model.shape, a language
     model's no model.name or data.image_size."""
+    from conftest import train
+
     from paratrain.config import load_config
     from paratrain.errors import UserError
-    from paratrain.trainer.loop import train
 
     (tmp_path / "wide.py").write_text(
         "from torch import nn\n\n"

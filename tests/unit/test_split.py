@@ -2,10 +2,9 @@
 the model's own forward unchanged; the same training as one device."""
 
 import pytest
-from conftest import TINY_SETTINGS, final_weights, max_abs_diff
+from conftest import TINY_SETTINGS, final_weights, max_abs_diff, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 LM = ["data.source=synthetic-text", "model.init=random", "model.shape=tiny", "device=cpu"]
 LM += ["data.num_workers=0", "data.max_length=32", "data.batch_size=4", "lora.enabled=false"]

@@ -4,10 +4,9 @@ TensorBoard events that tensorboard's own reader reads back."""
 import json
 
 import pytest
-from conftest import TINY_LM
+from conftest import TINY_LM, train
 
 from paratrain.config import load_config
-from paratrain.trainer.loop import train
 
 
 def test_step_log_and_tensorboard_hold_the_runs_points(tmp_path):

@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-from conftest import TINY_SETTINGS, final_weights
+from conftest import TINY_SETTINGS, final_weights, train
 
 from paratrain.config import load_config
 from paratrain.models import build_model
 from paratrain.models.vision import build_mobilenet_v2, build_resnet50, trunk_blocks
 from paratrain.parallel.ac import apply_activation_checkpointing
-from paratrain.trainer.loop import train
 
 BASE = [*TINY_SETTINGS, "data.limit_samples=512"]
 

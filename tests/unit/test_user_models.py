@@ -5,11 +5,11 @@ model.sync_batchnorm's one-line refusals where torch's SyncBatchNorm cannot run.
 import sys
 
 import pytest
+from conftest import train
 
 from paratrain.cli import main
 from paratrain.config import load_config
 from paratrain.errors import UserError
-from paratrain.trainer.loop import train
 
 IMAGE = [
     *("strategy=single", "device=cpu", "data.source=mnist-sample", "train.max_steps=2"),

@@ -40,8 +40,8 @@ def test_every_module_imports_without_triton():
                 optional.append(name)
         assert all(".peers.torchtitan_" in n for n in optional), optional  # torchtitan's own
         assert sys.modules["triton"] is None
-        from paratrain.models import triton_common
-        assert triton_common.triton is None and triton_common.block_index is None
+        from paratrain import kernels
+        assert kernels.triton is None and kernels.block_index is None
         print(len(names), "modules")
         """
     )

@@ -67,27 +67,27 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-LANGUAGE = ("causal_lm", "masked_lm", "text_classification")
-BERT = ("masked_lm", "text_classification")
+def dotted(section: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """("model", ("name", "kwargs")) -> ("model.name", "model.kwargs"): a task's Task.unread."""
+    return tuple(f"{section}.{k}" for k in keys)
 
 
-def for_task(config: dict[str, Any], task: str) -> dict[str, Any]:
-    """A resolved config's dict without the keys of the other task (lora.* and model.shape on
-    an image run, model.name and data.image_size on a language model's): what result.json
-    records, so that it reads as the run it describes."""
-    lm = task in LANGUAGE
-    drop = {
-        "model": model.IMAGE_ONLY if lm else model.LM_ONLY,
-        "data": data.IMAGE_ONLY if lm else data.TEXT_ONLY,
-    }
-    if task == "custom":  # the objects came from Python: no model or data source is read
-        drop["data"] = (*data.IMAGE_ONLY, *data.TEXT_ONLY, "source", "path", "limit_samples")
-    if task in BERT:  # BERT: no LoRA, Liger, fp8 or packing
-        drop["model"] = (*model.IMAGE_ONLY, "kernels", "fp8", "fp8_lm_head", "loss_chunk_tokens")
-        drop["data"] = (*data.IMAGE_ONLY, "packing")
-    gone = {"lora", "model"} if task == "custom" else set() if task == "causal_lm" else {"lora"}
-    if task != "gan":
-        gone = gone | {"gan"}
+# The keys each kind of task leaves unread, for the tasks' Task.unread (config/model.py and
+# data.py say which keys are an image model's or a language model's)
+IMAGE_UNREAD = (*dotted("model", model.LM_ONLY), *dotted("data", data.TEXT_ONLY))
+LM_UNREAD = (*dotted("model", model.IMAGE_ONLY), *dotted("data", data.IMAGE_ONLY))
+
+
+def for_task(config: dict[str, Any], unread: tuple[str, ...]) -> dict[str, Any]:
+    """A resolved config's dict without the keys its task never reads (`unread`, the task's
+    Task.unread: lora.* and model.shape on an image run, model.name and data.image_size on a
+    language model's): what result.json records, so that it reads as the run it describes."""
+    gone = {u for u in unread if "." not in u}
+    drop: dict[str, set[str]] = {}
+    for key in unread:
+        if "." in key:
+            section, name = key.split(".", 1)
+            drop.setdefault(section, set()).add(name)
     out = {k: v for k, v in config.items() if k not in gone}
     for section, keys in drop.items():
         if isinstance(out.get(section), dict):

@@ -222,7 +222,7 @@ def loader_vs_step(recipe: str, quick: bool) -> list[dict]:
             ],
         )
         cfg = plan.config
-        if plan.task != "image_classification":
+        if not plan.task_spec.image_levers:
             return [row("loader alone", None, "samples/s", note="image recipes only")]
         device = torch.device(
             "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.kernels import big, block_index, tl, triton, uses_triton
 from paratrain.models.swap import swap_modules
-from paratrain.models.triton_common import big, block_index, tl, triton, uses_triton
 
 NONE, RELU, RELU6 = 0, 1, 2  # the activation after the normalisation
 
@@ -178,7 +178,7 @@ if triton is not None:
 
 
 def _uses_triton(x: torch.Tensor) -> bool:
-    """The kernels (fp32 statistics) where they run (triton_common.uses_triton); torch's
+    """The kernels (fp32 statistics) where they run (kernels.uses_triton); torch's
     arithmetic for float64 (its statistics in float64, as the fake says)."""
     return x.dtype != torch.float64 and uses_triton(x)
 
@@ -211,7 +211,7 @@ def _wide(x2: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> bool:
-    """int64 offsets (triton_common.big) where the blocks past the end (a loop turn's, up to
+    """int64 offsets (kernels.big) where the blocks past the end (a loop turn's, up to
     unroll + 1 row blocks of W) would reach 2**31: W is up to 128 C."""
     return big(x2) or x2.numel() + (unroll + 1) * block_r * w >= 2**31
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from paratrain.kernels import big, block_index, tl, triton, uses_triton
 from paratrain.models.depthwise import Depthwise
-from paratrain.models.triton_common import big, block_index, tl, triton, uses_triton
 
 if triton is not None:
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from paratrain.models.triton_common import uses_triton
+from paratrain.kernels import uses_triton
 
 # state entries kept in fp32 whatever the weight's dtype (torch's load_state_dict would cast
 # them to it)

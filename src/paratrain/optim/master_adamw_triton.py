@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from paratrain.models.triton_common import big, block_index, tl, triton
+from paratrain.kernels import big, block_index, tl, triton
 
 # elements and warps a program: 9.34 ms a step over the 1B shape against 9.56 for 2048 x 8 and
 # 10.45-11.54 for 8192 (one H200, benchmarks/device/parts_bench.py, call 48)

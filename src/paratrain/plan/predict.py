@@ -14,6 +14,7 @@ from paratrain.plan.model import (
     model_parallel,
     step_time,
 )
+from paratrain.tasks import get_task
 
 # each planned strategy -> the `paratrain run` settings that measure it
 RUNS = {
@@ -31,9 +32,10 @@ def strategies_for(task: str, blocks: int, every: int) -> list[str]:
     pipeline parallel where the model family has them (the causal LM's spec; a vision model's
     chain of blocks is cut for a pipeline too)."""
     out = ["ddp", "fsdp", "hsdp", "local_sgd"]
-    if task == "causal_lm":
+    layouts = get_task(task).layouts
+    if "tp" in layouts:
         out.append("tp")
-    if task in ("causal_lm", "image_classification") and blocks > 1:
+    if "pp" in layouts and blocks > 1:
         out.append("pp")
     return out
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from paratrain.config import RunConfig, from_dict
 from paratrain.errors import ConfigError, UserError
-from paratrain.protocols import Choice, Layout
+from paratrain.protocols import Choice, Layout, Task
 from paratrain.runplan import checks, levers, sources, strategies
 from paratrain.runplan.sources import DataSource, ModelSource
-from paratrain.tasks import resolve_task
+from paratrain.tasks import get_task, resolve_task
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,23 @@ class RunPlan:
     @property
     def degrees(self) -> dict[str, int]:
         return self.layout.degrees
+
+    @property
+    def strategy_doc(self) -> str:
+        """What the strategy is, in a line (result.json's strategy_doc)."""
+        return strategies.STRATEGIES[self.strategy].doc
+
+    def lines(self, built: dict | None = None) -> list[str]:
+        """What rank 0 prints before step 1 (show.py); `built`: counts known once the model
+        and data exist."""
+        from paratrain.runplan import show
+
+        return show.lines(self, built)
+
+    @property
+    def task_spec(self) -> Task:
+        """What the task declares (protocols.Task): what the parts after the plan ask of it."""
+        return get_task(self.task)
 
     @property
     def redundant(self) -> bool:
@@ -151,11 +168,11 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     cfg = from_dict(RunConfig, cfg.to_dict())  # the leaves' checks on the levers' values
     checks.check_sync_batchnorm(cfg, wrapper, device)
     checks.check_clipping(cfg, device)
-    checks.check_bf16_weights(cfg, layout.uses, task.name)
-    checks.check_compile_scope(cfg, layout.uses, task.name)
+    checks.check_bf16_weights(cfg, layout.uses, task)
+    checks.check_compile_scope(cfg, layout.uses, task)
     task.check(cfg, layout)
     checks.check_interleaved(cfg, degrees["pp"], task)
-    notes += kernel_notes(cfg, task.name, device)
+    notes += kernel_notes(cfg, task, device)
     # the decisions written into the config as it runs (config.yaml): resolving it again
     # gives the same plan
     cfg.task, cfg.strategy, cfg.data.sampler = task.name, asked_strategy, sampler
@@ -170,16 +187,16 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         multiprocess=multiprocess,
         device=device,
         model=sources.describe_model(cfg, task.model_keys),
-        data=sources.describe_data(cfg, task.name),
+        data=sources.describe_data(cfg, task.reads),
         notes=tuple(notes),
         levers=tuple(chosen),
-        hints=tuple(levers.hints(cfg, task.name, machine)),
+        hints=tuple(levers.hints(cfg, task, machine)),
     )
 
 
-def kernel_notes(cfg: RunConfig, task: str, device: str) -> list[str]:
+def kernel_notes(cfg: RunConfig, task: Task, device: str) -> list[str]:
     """paratrain's Triton layers asked for where no GPU runs them: said, not silent."""
-    if task != "image_classification" or device == "cuda":
+    if not task.image_levers or device == "cuda":
         return []
     asked = [
         f"model.{key}=triton"

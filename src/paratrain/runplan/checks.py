@@ -4,6 +4,7 @@ a ValueError naming the key, the value and the fix (resolve turns it into the on
 from __future__ import annotations
 
 from paratrain.protocols import Layout, Task
+from paratrain.tasks import TASKS, get_task
 
 # Where a layout the task refuses comes from, to name the key to change.
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp"}
@@ -39,13 +40,21 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
         )
 
 
-def check_bf16_weights(cfg, uses: frozenset[str], task: str) -> None:
+def decoder_tasks() -> str:
+    """The tasks whose models are decoder stacks (Task.decoder_levers), named in a refusal."""
+    return ", ".join(name for name in TASKS if get_task(name).decoder_levers)
+
+
+def check_bf16_weights(cfg, uses: frozenset[str], task: Task) -> None:
     """train.bf16_weights: bf16 weights whose fp32 masters MasterAdamW keeps."""
     if not cfg.train.bf16_weights:
         return
     why = None
-    if task != "causal_lm":  # measured and tested for the language models' full training only
-        why = f"full training of causal language models (task causal_lm); this is task {task}"
+    if not task.decoder_levers:  # measured and tested for the language models' full training
+        why = (
+            f"full training of causal language models (task {decoder_tasks()}); this is task "
+            f"{task.name}"
+        )
     elif cfg.precision != "bf16":
         why = f"bf16 weights compute in bf16; got precision {cfg.precision} (use precision=bf16)"
     elif cfg.train.optimizer != "adamw":
@@ -91,15 +100,18 @@ def _bf16_weights_ddp(cfg) -> str | None:
     return None
 
 
-def check_compile_scope(cfg, uses: frozenset[str], task: str) -> None:
+def check_compile_scope(cfg, uses: frozenset[str], task: Task) -> None:
     """train.compile_scope=decoder: one graph over a language model's whole decoder, in one
     process (FSDP shards each layer, TP and pipelines cut it, and under DDP dynamo splits a
     compiled graph at the gradient buckets, so it would not stay one graph)."""
     if cfg.train.compile_scope != "decoder":
         return
     why = None
-    if task != "causal_lm":
-        why = f"the decoder of a causal language model (task causal_lm); this is task {task}"
+    if not task.decoder_levers:
+        why = (
+            f"the decoder of a causal language model (task {decoder_tasks()}); this is task "
+            f"{task.name}"
+        )
     elif not cfg.train.compile:
         why = "it says what train.compile compiles; set train.compile=true with it"
     elif uses != {"single"}:

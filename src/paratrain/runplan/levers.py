@@ -20,7 +20,7 @@ import importlib.util
 from typing import Any
 
 from paratrain.config.levers import PLAIN, get, put
-from paratrain.protocols import Choice, Machine
+from paratrain.protocols import Choice, Machine, Task
 
 PLAIN_REASON = "levers=plain: PyTorch's plain setting"
 
@@ -181,11 +181,11 @@ def cap(machine: Machine) -> str:
     return ".".join(map(str, machine.capability or ()))
 
 
-def hints(cfg, task_name: str, machine: Machine) -> list[str]:
+def hints(cfg, task: Task, machine: Machine) -> list[str]:
     """Faster here, but other numerics: named with the measured factor, never switched on."""
     if machine.device != "cuda" or (machine.capability or (0, 0)) < (8, 9):
         return []
-    if task_name != "causal_lm" or cfg.model.fp8 != "none" or cfg.precision != "bf16":
+    if not task.fp8 or cfg.model.fp8 != "none" or cfg.precision != "bf16":
         return []
     from paratrain.tasks.lm_levers import family
 

@@ -94,5 +94,5 @@ def layout_line(plan) -> str:
 
 def precision_line(plan) -> str:
     cfg = plan.config
-    fp8 = cfg.model.fp8 if plan.task == "causal_lm" and cfg.model.fp8 != "none" else None
+    fp8 = cfg.model.fp8 if plan.task_spec.fp8 and cfg.model.fp8 != "none" else None
     return cfg.precision + (f" with float8 ({fp8}) linear layers" if fp8 else "")

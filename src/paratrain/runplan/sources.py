@@ -137,9 +137,10 @@ def describe_model(cfg, model_keys: str) -> ModelSource:
     return ModelSource("shape", f"{m.shape}{layers}", "random")
 
 
-def describe_data(cfg, task: str) -> DataSource:
+def describe_data(cfg, reads: tuple[str, ...]) -> DataSource:
+    """`reads`: the task's data sources (none: its data sets come from Python)."""
     d = cfg.data
-    if task == "custom":
+    if not reads:
         return DataSource("python", None, False)
     return DataSource(d.source, d.path, d.source in SYNTHETIC)
 

@@ -17,17 +17,14 @@ trainer/ and never read a strategy name: the trainer is the same for every task.
 from __future__ import annotations
 
 import importlib
+from typing import get_args
 
+from paratrain.config.run import TaskName
 from paratrain.protocols import Task
 
-TASKS = {
-    "image_classification": "paratrain.tasks.image_classification",
-    "causal_lm": "paratrain.tasks.causal_lm",
-    "masked_lm": "paratrain.tasks.masked_lm",
-    "text_classification": "paratrain.tasks.text_classification",
-    "gan": "paratrain.tasks.gan",
-    "custom": "paratrain.tasks.custom",
-}
+# One source: the names `task:` accepts (config/run.py's TaskName, which config may not import
+# from here), in order (auto picks the first that reads data.source); tasks/<name>.py each.
+TASKS = {name: f"paratrain.tasks.{name}" for name in get_args(TaskName) if name != "auto"}
 
 
 def get_task(name: str) -> Task:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from paratrain.config.data import PLAIN_TEXT, TEXT_FORMATS, TEXT_SOURCES
+from paratrain.config.keys import LM_UNREAD
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
@@ -460,4 +461,11 @@ TASK = Task(
     model_keys="huggingface",
     describes="tokens -> next-token loss, held-out loss and perplexity",
     levers=lm_levers.levers,
+    unread=("gan", *LM_UNREAD),
+    lora=True,
+    fp8=True,
+    decoder_levers=True,
+    export_format="huggingface",
+    # peft imports transformers' models and the Llama classes
+    imports=lambda cfg: ("transformers", "peft"),
 )

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.config import data as data_keys
+from paratrain.config.keys import dotted
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
@@ -211,4 +213,12 @@ TASK = Task(
     model_keys="python",
     describes="your model, data sets and loss from paratrain.train",
     compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
+    # the objects came from Python: no model or data source is read
+    unread=(
+        "lora",
+        "model",
+        "gan",
+        *dotted("data", (*data_keys.IMAGE_ONLY, *data_keys.TEXT_ONLY)),
+        *dotted("data", ("source", "path", "limit_samples")),
+    ),
 )

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.config.data import IMAGE_SOURCES
+from paratrain.config.keys import IMAGE_UNREAD
 from paratrain.distributed import process_group as pg
 from paratrain.models.gan import GAN, GanSpec
 from paratrain.profiling import phase
@@ -57,58 +58,74 @@ def _bce(logits: torch.Tensor, target: float) -> torch.Tensor:
     )
 
 
+def held_out_line(result: dict) -> str:
+    """Two losses, and the score when a classifier is given (the summary line's end)."""
+    last = result["epochs"][-1] if result["epochs"] else {}
+    held = (
+        f"held-out D loss {last['val_d_loss']:.4f}, G loss {last['val_g_loss']:.4f}"
+        if "val_d_loss" in last
+        else "no held-out set"
+    )
+    if "fid_classifier" in last:
+        held += f", fid_classifier {last['fid_classifier']:.1f}"
+    return held
+
+
 def _no_single_loss(model, batch):
     raise AssertionError("the gan task trains through its own step (Workload.step)")
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, policy, device, g = ctx.cfg, ctx.policy, ctx.device, ctx.cfg.gan
-    data = build_images(ctx)
-    src = data.source
-    model = GAN(g.latent_dim, g.width, src.channels, g.norm).to(device, policy.param_dtype)
-    mean = torch.as_tensor(src.mean, device=device).view(1, -1, 1, 1)
-    std = torch.as_tensor(src.std, device=device).view(1, -1, 1, 1)
+class Gan:
+    """One rank's GAN: its models, its data's scale, its noise, and what the trainer calls
+    (step, evaluate, finish), built once by `build`."""
 
-    def to_gan(x: torch.Tensor) -> torch.Tensor:
+    def __init__(self, ctx: BuildContext):
+        cfg, policy, device, g = ctx.cfg, ctx.policy, ctx.device, ctx.cfg.gan
+        self.cfg, self.policy, self.device, self.g = cfg, policy, device, g
+        self.is_main, self.dp_rank, self.dp_size = ctx.is_main, ctx.dp_rank, ctx.dp_size
+        self.data = build_images(ctx)
+        src = self.data.source
+        self.model = GAN(g.latent_dim, g.width, src.channels, g.norm).to(device, policy.param_dtype)
+        self.mean = torch.as_tensor(src.mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.as_tensor(src.std, device=device).view(1, -1, 1, 1)
+        self.scorer_model = None
+        if g.classifier:
+            from paratrain.tasks.gan_score import load_classifier
+
+            self.scorer_model = load_classifier(g.classifier, cfg.data.source, device)
+        fixed = torch.Generator(device=device).manual_seed(cfg.seed + 12345)
+        self.grid_z = torch.randn(g.grid, g.latent_dim, 1, 1, generator=fixed, device=device)
+        self.workload: Workload | None = None  # what build returns (its out_dir: the run folder)
+        self.last_grid: str | None = None  # the newest sample grid rank 0 wrote
+
+    def to_gan(self, x: torch.Tensor) -> torch.Tensor:
         """The loader's normalised images -> [-1, 1], the generator's tanh range."""
-        return ((x * std + mean) * 2 - 1).to(policy.param_dtype)
+        return ((x * self.std + self.mean) * 2 - 1).to(self.policy.param_dtype)
 
-    def to_data(x: torch.Tensor) -> torch.Tensor:
+    def to_data(self, x: torch.Tensor) -> torch.Tensor:
         """Generated images -> normalised like the data (what the classifier takes)."""
-        return ((x.float() + 1) / 2 - mean) / std
+        return ((x.float() + 1) / 2 - self.mean) / self.std
 
-    def noise(seed: int, n: int) -> torch.Tensor:
+    def noise(self, seed: int, n: int) -> torch.Tensor:
         """This rank's rows of the whole batch's noise: the DistributedSampler's rank r takes
         samples r, r+W, ... so rows r, r+W, ... are its; N ranks then draw what one process
         with the N-fold batch draws."""
-        gen = torch.Generator(device=device).manual_seed(seed)
-        world, rank = ctx.dp_size, ctx.dp_rank
-        z = torch.randn(n * world, g.latent_dim, 1, 1, generator=gen, device=device)
-        return z[rank::world].to(policy.param_dtype)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        world, rank = self.dp_size, self.dp_rank
+        z = torch.randn(n * world, self.g.latent_dim, 1, 1, generator=gen, device=self.device)
+        return z[rank::world].to(self.policy.param_dtype)
 
-    def loader(source, prefetch: bool):
-        return image_loader(cfg, data, source, device, policy, prefetch)
+    def loader(self, source, prefetch: bool):
+        return image_loader(self.cfg, self.data, source, self.device, self.policy, prefetch)
 
-    def step(run: StepContext, batch) -> tuple[torch.Tensor, None, bool]:
+    def step(self, run: StepContext, batch) -> tuple[torch.Tensor, None, bool]:
         """One alternating update; -> (discriminator + generator loss, no tokens, applied)."""
         G, D = run.parts["generator"], run.parts["discriminator"]
         opt_g, opt_d = run.optimizers
-        scaler, cuda = run.scaler, device.type == "cuda"
-        real = to_gan(batch[0])
+        scaler, cuda, policy = run.scaler, self.device.type == "cuda", self.policy
+        real = self.to_gan(batch[0])
         n = len(real)
-        z = noise(cfg.seed * 1_000_003 + run.step, n)
-
-        def backward(loss):
-            (scaler.scale(loss) if scaler else loss).backward()
-
-        def update(opt):
-            scaler.step(opt) if scaler else opt.step()
-
-        def skip(loss):
-            for opt in (opt_d, opt_g):
-                opt.zero_grad(set_to_none=True)
-            return loss.detach(), None, False
-
+        z = self.noise(self.cfg.seed * 1_000_003 + run.step, n)
         # 1. the discriminator, on a batch of real and a batch of generated images (apart:
         # BatchNorm's statistics per kind, as in PyTorch's DCGAN example). Their gradients add
         # up locally and are all-reduced (DDP) or reduce-scattered (FSDP) once, after the second.
@@ -116,17 +133,17 @@ def build(ctx: BuildContext) -> Workload:
             with phase("forward", cuda), policy.autocast():
                 loss_real = _bce(D(real), 1.0)
             with phase("backward", cuda):
-                backward(loss_real)
+                _backward(loss_real, scaler)
         with phase("forward", cuda), policy.autocast():
             fake = G(z)
             loss_fake = _bce(D(fake.detach()), 0.0)
         with phase("backward", cuda):
-            backward(loss_fake)
+            _backward(loss_fake, scaler)
         loss_d = loss_real.detach() + loss_fake.detach()
         if not run.finite(loss_d):
-            return skip(loss_d)
+            return _skip(loss_d, opt_d, opt_g)
         with phase("optimizer", cuda):
-            update(opt_d)
+            _update(opt_d, scaler)
             opt_d.zero_grad(set_to_none=True)
         # 2. the generator, through the updated discriminator. The discriminator's own
         # gradients from this backward are dropped: under DDP their all-reduce is skipped
@@ -136,38 +153,31 @@ def build(ctx: BuildContext) -> Workload:
             with phase("forward", cuda), policy.autocast():
                 loss_g = _bce(D(fake), 1.0)
             with phase("backward", cuda):
-                backward(loss_g)
+                _backward(loss_g, scaler)
         opt_d.zero_grad(set_to_none=True)
         if not run.finite(loss_g):
-            return skip(loss_d + loss_g)
+            return _skip(loss_d + loss_g, opt_d, opt_g)
         with phase("optimizer", cuda):
-            update(opt_g)
+            _update(opt_g, scaler)
             if scaler:
                 scaler.update()
             opt_g.zero_grad(set_to_none=True)
         return (loss_d + loss_g).detach(), None, True
 
-    scorer_model = None
-    if g.classifier:
-        from paratrain.tasks.gan_score import load_classifier
-
-        scorer_model = load_classifier(g.classifier, cfg.data.source, device)
-    fixed = torch.Generator(device=device).manual_seed(cfg.seed + 12345)
-    grid_z = torch.randn(g.grid, g.latent_dim, 1, 1, generator=fixed, device=device)
-
     @torch.no_grad()
-    def evaluate(model, val) -> dict[str, float]:
+    def evaluate(self, model, val) -> dict[str, float]:
         """Held-out: both losses and the discriminator's accuracy on real vs generated images,
         the classifier's scores, and the epoch's sample grid (rank 0 writes it)."""
         from paratrain.tasks.gan_score import Scorer
 
         model.eval()
-        scorer = Scorer(scorer_model, device) if scorer_model is not None else None
+        policy = self.policy
+        scorer = Scorer(self.scorer_model, self.device) if self.scorer_model is not None else None
         sums = [0.0, 0.0, 0.0, 0.0]  # d loss x n, g loss x n, correct, n
         for i, (x, _) in enumerate(val):
-            real = to_gan(x)
+            real = self.to_gan(x)
             n = len(real)
-            z = noise(cfg.seed * 7_919 + i, n)
+            z = self.noise(self.cfg.seed * 7_919 + i, n)
             with policy.autocast():
                 fake = model.generator(z)
                 logits = model.discriminator(torch.cat([real, fake])).float()
@@ -177,8 +187,8 @@ def build(ctx: BuildContext) -> Workload:
             sums[2] += float((logits[:n] > 0).sum() + (logits[n:] < 0).sum()) / 2
             sums[3] += n
             if scorer is not None:
-                scorer.add(x.float(), to_data(fake))
-        d_sum, g_sum, correct, count = pg.all_reduce_sum(sums, device)
+                scorer.add(x.float(), self.to_data(fake))
+        d_sum, g_sum, correct, count = pg.all_reduce_sum(sums, self.device)
         out = {}
         if count:
             out = {
@@ -189,33 +199,35 @@ def build(ctx: BuildContext) -> Workload:
         if scorer is not None:
             out.update(scorer.result())
         with policy.autocast():  # every rank: under FSDP the generator's forward is collective
-            images = model.generator(grid_z.to(policy.param_dtype)).float()
-        work = workload
-        if ctx.is_main and work.out_dir is not None:
-            from torchvision.utils import save_image
-
-            folder = work.out_dir / "samples"
-            folder.mkdir(parents=True, exist_ok=True)
-            # the epoch just trained, as the console and result.json number it (a resumed run
-            # continues the numbering)
-            path = folder / f"epoch_{data.sampler.epoch}.png"
-            save_image((images + 1) / 2, path, nrow=int(g.grid**0.5))
-            work.info["samples"] = str(path)
+            images = model.generator(self.grid_z.to(policy.param_dtype)).float()
+        self.draw(images)
         return out
 
-    workload = Workload(
-        model=model,
-        spec=GanSpec(),
-        train=loader(data.train, cfg.data.prefetch_to_device),
-        val=loader(data.val, False) if data.val is not None else None,
-        sampler=data.sampler,
-        loss=_no_single_loss,
-        evaluate=evaluate,
-        parts={"generator": model.generator, "discriminator": model.discriminator},
-        step=step,
-        info={
-            "data_real": src.real,
-            "pin_memory": data.train.pin_memory,
+    def draw(self, images: torch.Tensor) -> None:
+        """The epoch's sample grid, on rank 0, in the run folder's samples/."""
+        # the run folder, which the trainer sets on the Workload after build
+        out_dir = self.workload.out_dir if self.workload is not None else None
+        if not self.is_main or out_dir is None:
+            return
+        from torchvision.utils import save_image
+
+        folder = out_dir / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        # the epoch just trained, as the console and result.json number it (a resumed run
+        # continues the numbering)
+        path = folder / f"epoch_{self.data.sampler.epoch}.png"
+        save_image((images + 1) / 2, path, nrow=int(self.g.grid**0.5))
+        self.last_grid = str(path)
+
+    def finish(self, model, out_dir) -> dict[str, str]:
+        """The newest sample grid, for result.json's artifacts."""
+        return {"samples": self.last_grid} if self.last_grid else {}
+
+    def info(self) -> dict:
+        g, model = self.g, self.model
+        return {
+            "data_real": self.data.source.real,
+            "pin_memory": self.data.train.pin_memory,
             "latent_dim": g.latent_dim,
             "norm": g.norm,
             "parameters": {
@@ -225,10 +237,42 @@ def build(ctx: BuildContext) -> Workload:
             "score": "classifier features (fid_classifier), classifier_score"
             if g.classifier
             else None,
-        },
+        }
+
+
+def _backward(loss: torch.Tensor, scaler) -> None:
+    (scaler.scale(loss) if scaler else loss).backward()
+
+
+def _update(opt, scaler) -> None:
+    scaler.step(opt) if scaler else opt.step()
+
+
+def _skip(loss: torch.Tensor, opt_d, opt_g) -> tuple[torch.Tensor, None, bool]:
+    """A step whose loss or gradients were not finite: no update, the gradients dropped."""
+    for opt in (opt_d, opt_g):
+        opt.zero_grad(set_to_none=True)
+    return loss.detach(), None, False
+
+
+def build(ctx: BuildContext) -> Workload:
+    gan = Gan(ctx)
+    data, cfg = gan.data, ctx.cfg
+    gan.workload = Workload(
+        model=gan.model,
+        spec=GanSpec(),
+        train=gan.loader(data.train, cfg.data.prefetch_to_device),
+        val=gan.loader(data.val, False) if data.val is not None else None,
+        sampler=data.sampler,
+        loss=_no_single_loss,
+        evaluate=gan.evaluate,
+        parts={"generator": gan.model.generator, "discriminator": gan.model.discriminator},
+        step=gan.step,
+        finish=gan.finish,
+        info=gan.info(),
         rows=data.rows(),
     )
-    return workload
+    return gan.workload
 
 
 TASK = Task(
@@ -240,4 +284,7 @@ TASK = Task(
     build=build,
     describes="a DCGAN generator and discriminator, alternating updates, held-out D/G losses",
     compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
+    unread=("lora", *IMAGE_UNREAD),
+    imports=lambda cfg: ("torchvision",),
+    held_out_line=held_out_line,
 )

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.config.data import IMAGE_SOURCES
+from paratrain.config.keys import IMAGE_UNREAD
 from paratrain.config.model import IMAGE_MODELS
 from paratrain.data import images
 from paratrain.data.device import DeviceLoader
@@ -159,6 +160,20 @@ def check_images(d) -> None:
         )
 
 
+# Models and data sources built with torchvision (timm's import it too); the tiny CNN on
+# mnist-sample or synthetic images needs none of it, and its import (~1.5 s of CPU) is most of
+# such a short run's start.
+TORCHVISION_MODELS = tuple(m for m in IMAGE_MODELS if m != "tiny_cnn")
+TORCHVISION_SOURCES = ("mnist", "imagefolder")
+
+
+def imports(cfg) -> tuple[str, ...]:
+    """torchvision where the model or the data source is built with it."""
+    name = cfg.model.name
+    vision = name in TORCHVISION_MODELS or name.startswith("timm:")
+    return ("torchvision",) if vision or cfg.data.source in TORCHVISION_SOURCES else ()
+
+
 def loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, y.to(logits.device), reduction="sum")
 
@@ -271,4 +286,7 @@ TASK = Task(
         "tp": "tensor parallelism splits language models' projections; image models train "
         "with ddp, fsdp, pipeline or split"
     },
+    unread=("lora", "gan", *IMAGE_UNREAD),
+    image_levers=True,
+    imports=imports,
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from paratrain.config.data import PLAIN_TEXT
+from paratrain.config.keys import LM_UNREAD, dotted
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
@@ -230,6 +231,22 @@ class EpochFed:
         return iter(self.loader)
 
 
+# BERT: no LoRA, Liger, float8 or packing
+BERT_UNREAD = (
+    "lora",
+    "gan",
+    *LM_UNREAD,
+    *dotted("model", ("kernels", "fp8", "fp8_lm_head", "loss_chunk_tokens")),
+    "data.packing",
+)
+
+
+def bert_imports(cfg) -> tuple[str, ...]:
+    # `import transformers` alone is its lazy shell; the BERT classes, the tokenizer and
+    # torchvision (when installed) come in with modeling_utils
+    return ("transformers.modeling_utils", "transformers.tokenization_utils_fast")
+
+
 TASK = Task(
     name="masked_lm",
     reads=(*PLAIN_TEXT, "synthetic-text"),
@@ -240,4 +257,6 @@ TASK = Task(
     counts_tokens=True,
     model_keys="huggingface",
     describes="text with 15% of tokens masked -> masked-token loss, accuracy, perplexity",
+    unread=BERT_UNREAD,
+    imports=bert_imports,
 )

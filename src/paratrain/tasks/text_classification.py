@@ -17,6 +17,7 @@ from paratrain.lm import encoder as enc
 from paratrain.lm.tokenizer import check_tokenizer
 from paratrain.models.bert import BertSpec, build_bert
 from paratrain.protocols import BuildContext, Layout, Task, Workload
+from paratrain.tasks.masked_lm import BERT_UNREAD, bert_imports
 from paratrain.tasks.masked_lm import check as _bert_check
 
 
@@ -145,4 +146,6 @@ TASK = Task(
     build=build,
     model_keys="huggingface",
     describes="labelled text -> the [CLS] state's class, cross-entropy, held-out accuracy",
+    unread=BERT_UNREAD,
+    imports=bert_imports,
 )

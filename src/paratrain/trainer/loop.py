@@ -19,13 +19,11 @@ from paratrain.trainer.setup import deterministic_env
 
 
 def train(plan) -> dict[str, Any]:
-    """Train the run `plan` (runplan.RunPlan, or a RunConfig resolved here) describes, on
-    this process's rank."""
+    """Train the run `plan` (a runplan.RunPlan, resolved before: the trainer never re-enters
+    the plan) describes, on this process's rank."""
     from paratrain.launch import threads_per_process
-    from paratrain.runplan import RunPlan, resolve
     from paratrain.trainer.trainer import Trainer
 
-    plan = plan if isinstance(plan, RunPlan) else resolve(plan)
     cfg = plan.config
     deterministic_env(cfg)
     torch.set_num_threads(

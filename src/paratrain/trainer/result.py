@@ -16,8 +16,7 @@ from paratrain.config import for_task
 from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
 from paratrain.protocols import unwrap
-from paratrain.runplan.strategies import STRATEGIES
-from paratrain.tasks import counts_tokens
+from paratrain.tasks import counts_tokens, get_task
 from paratrain.telemetry import energy_summary
 
 
@@ -63,6 +62,7 @@ def build(
     step_times: list[float] | None = None,
 ) -> dict[str, Any]:
     cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
+    task = run.plan.task_spec
     device = env.device
     # GPUs the run used: one per process, or all that a split spans
     gpus = len(run.split["devices"]) if run.split and device.type == "cuda" else env.world_size
@@ -130,7 +130,7 @@ def build(
         "name": cfg.name,
         "task": run.plan.task,
         "strategy": run.plan.label,
-        "strategy_doc": STRATEGIES[run.plan.strategy].doc,
+        "strategy_doc": run.plan.strategy_doc,
         "parallel": {
             **dims.describe(),
             "label": dims.label(),
@@ -140,8 +140,8 @@ def build(
         "redundant_data": run.redundant,
         "precision": cfg.precision,
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
-        "fp8": cfg.model.fp8 if run.plan.task == "causal_lm" and cfg.model.fp8 != "none" else None,
-        "fp8_lm_head": run.plan.task == "causal_lm" and cfg.model.fp8_lm_head,
+        "fp8": cfg.model.fp8 if task.fp8 and cfg.model.fp8 != "none" else None,
+        "fp8_lm_head": task.fp8 and cfg.model.fp8_lm_head,
         "world_size": env.world_size,
         "cpu_threads": torch.get_num_threads(),  # per process
         "dp_gpus": run.loader_batch // cfg.data.batch_size,
@@ -158,7 +158,7 @@ def build(
         "epochs": epochs,
         "summary": summary,
         "output_dir": str(run.out_dir),
-        "config": for_task(cfg.to_dict(), run.plan.task),
+        "config": for_task(cfg.to_dict(), task.unread),
         "plan": {"model": run.plan.to_dict()["model"], "data": run.plan.to_dict()["data"]},
     }
 
@@ -309,16 +309,9 @@ def print_summary(result: dict[str, Any]) -> None:
             if s.get("val_loss") is not None
             else "no held-out set"
         )
-    elif result["task"] == "gan":  # two losses, and the score when a classifier is given
+    elif get_task(result["task"]).held_out_line:  # the task's own metrics (the GAN's losses)
         rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
-        last = result["epochs"][-1] if result["epochs"] else {}
-        held = (
-            f"held-out D loss {last['val_d_loss']:.4f}, G loss {last['val_g_loss']:.4f}"
-            if "val_d_loss" in last
-            else "no held-out set"
-        )
-        if "fid_classifier" in last:
-            held += f", fid_classifier {last['fid_classifier']:.1f}"
+        held = get_task(result["task"]).held_out_line(result)
     else:
         rate = f"{s['unique_samples_per_s']:,.1f} unique samples/s"
         held = (
@@ -355,6 +348,6 @@ def energy_line(e: dict | None) -> str:
 
 
 def _version() -> str:
-    from paratrain import __version__
+    from paratrain.version import __version__
 
     return __version__

@@ -211,7 +211,7 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
             train=cfg.train,
             ddp=cfg.ddp,
             parallel=cfg.parallel,
-            lora=plan.task == "causal_lm" and cfg.lora.enabled,
+            lora=plan.task_spec.lora and cfg.lora.enabled,
             compile_units=compile_units,
             stage_modules=stages,
             link=link,
@@ -298,10 +298,8 @@ def announce(run: Run) -> None:
     (write_plan)."""
     env, out_dir = run.env, run.out_dir
     if env.is_main and not restarted():
-        from paratrain.runplan import show
-
         print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
-        print("\n".join(show.lines(run.plan, run.built)), flush=True)
+        print("\n".join(run.plan.lines(run.built)), flush=True)
     nccl = env.device.type == "cuda" and env.world_size > 1
     if env.is_main and run.cfg.dist.flight_recorder and nccl:
         # NCCL dumps here by itself when a collective times out, in the first step too (gloo's

@@ -25,6 +25,7 @@ from paratrain.bench.sweep import RunSpec
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import ConfigError, UserError
 from paratrain.metrics import memory_capacity_bytes
+from paratrain.tasks import get_task
 from paratrain.tune.space import Space
 
 
@@ -109,7 +110,7 @@ class Search:
         self.trials: list[Trial] = []
         self.started = time.monotonic()
         self.reference: Trial | None = None
-        self.lm = cfg.task == "causal_lm"
+        self.lm = get_task(cfg.task).counts_tokens  # ranked by tokens/s, else samples/s
         rows = self.store.rows(self.sweep) if self.store else []
         self.done = {r.run_key: r for r in rows if r.status == "ok"}
 

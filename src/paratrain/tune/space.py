@@ -23,6 +23,7 @@ from paratrain.bench.sweep import _yaml_scalar
 from paratrain.config import RunConfig, read_yaml
 from paratrain.config.levers import get
 from paratrain.errors import ConfigError
+from paratrain.tasks import get_task
 
 # levers that set several keys at once: value -> overrides
 COMPOUND: dict[str, dict[Any, list[str]]] = {
@@ -251,8 +252,8 @@ def _data_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candidat
 def default_space(cfg: RunConfig, gpus: int) -> Space:
     """The levers worth trying for this recipe on this machine (`gpus`: 0 on the CPU)."""
     on_gpu = gpus > 0 and cfg.device != "cpu"
-    image = cfg.task == "image_classification"
-    lm = cfg.task == "causal_lm"
+    task = get_task(cfg.task)
+    image, lm = task.image_levers, task.decoder_levers
     candidates = [
         *_input_candidates(on_gpu, image),
         *_compile_candidates(cfg, on_gpu, image),

@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from paratrain.models.triton_common import tl, triton
+from paratrain.kernels import tl, triton
 
 IGNORE = -100
 # A row of 128,256 bf16 logits is 256 KB. With 32 warps a program, one program runs on each SM,

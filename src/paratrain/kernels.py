@@ -1,5 +1,10 @@
-"""What paratrain's Triton layers (depthwise_triton.py, batchnorm_triton.py) share: Triton itself
-when installed, when the kernels run, and the block index they all start from."""
+"""What paratrain's Triton kernels share: Triton itself when installed, when the kernels run,
+and the block index they all start from. Their users: the image layers
+(models/depthwise_triton.py, models/batchnorm_triton.py), the language model's loss
+(models/causal_lm/ce_triton.py) and MasterAdamW's update (optim/master_adamw_triton.py).
+
+Neutral ground: it imports no part of paratrain, so the optimizers need not import models/.
+Every module here imports without Triton (tests/unit/test_without_triton.py)."""
 
 from __future__ import annotations
 
