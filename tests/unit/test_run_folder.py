@@ -118,16 +118,18 @@ def test_paratrain_train_overwrites_when_asked(finished, tmp_path):
 
 
 def image_folder(root, damaged=False):
-    """Two classes of small PNGs; damaged: every file cut short after its header (it opens,
-    its pixels do not decode), so the first batch fails."""
+    """Two classes of small JPEGs; damaged: every file cut short after its header (it opens
+    and passes preflight's header check, data/images.py; its pixels do not decode), so the
+    first batch fails."""
     rng = np.random.default_rng(0)
     for cls in ("cat", "dog"):
         (root / cls).mkdir(parents=True, exist_ok=True)
         for i in range(6):
-            path = root / cls / f"{i}.png"
+            path = root / cls / f"{i}.jpg"
             Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(path)
             if damaged:
-                path.write_bytes(path.read_bytes()[:200])
+                data = path.read_bytes()  # the header whole, the scan cut short
+                path.write_bytes(data[: len(data) - 200])
     return root
 
 
@@ -174,8 +176,9 @@ def test_a_model_shorter_than_its_rows_is_refused_before_anything_runs(tmp_path,
 def test_a_restarted_generation_writes_the_folder_the_first_did_not(tmp_path, monkeypatch):
     """A first generation that failed before its first step wrote nothing: the restarted one
     writes config.yaml and plan.json (what --resume reads) once its own first step has run."""
+    from conftest import train
+
     from paratrain.config import load_config
-    from paratrain.trainer.loop import train
 
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     out = tmp_path / "restarted"
