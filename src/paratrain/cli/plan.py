@@ -140,6 +140,26 @@ def offline(args: argparse.Namespace) -> int:
     )
 
 
+def check_numbers_and_strategies(args: argparse.Namespace, runs) -> list[str] | None:
+    """The recipe mode's numeric flags in range (one line, exit 2 each) -> --strategies' list
+    (None: every strategy)."""
+    for flag, value in (("--steps", args.steps), ("--every", args.every), ("--tries", args.tries)):
+        if value < 1:
+            raise UserError(f"{flag}: must be >= 1, got {value}")
+    for flag, value in (
+        ("--bus-gbps", args.bus_gbps),
+        ("--inter-node-gbps", args.inter_node_gbps),
+        ("--window", args.window),
+    ):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag}: must be > 0, got {value}")
+    chosen = [x.strip() for x in args.strategies.split(",")] if args.strategies else None
+    unknown = [x for x in chosen or [] if x not in runs]
+    if unknown:
+        raise UserError(f"--strategies: unknown {unknown[0]!r}; choose from {', '.join(runs)}")
+    return chosen
+
+
 def command(args: argparse.Namespace) -> int:
     from paratrain.plan import command
     from paratrain.runplan import plan_of
@@ -160,22 +180,7 @@ def command(args: argparse.Namespace) -> int:
     cfg = unsettled(plan_of(args.recipe, args.set))
     gpus = command.parse_scales(args.gpus, "--gpus")
     measure = command.parse_scales(args.measure, "--measure") if args.measure else None
-    for flag, value in (("--steps", args.steps), ("--every", args.every), ("--tries", args.tries)):
-        if value < 1:
-            raise UserError(f"{flag}: must be >= 1, got {value}")
-    for flag, value in (
-        ("--bus-gbps", args.bus_gbps),
-        ("--inter-node-gbps", args.inter_node_gbps),
-        ("--window", args.window),
-    ):
-        if value is not None and value <= 0:
-            raise UserError(f"{flag}: must be > 0, got {value}")
-    chosen = [x.strip() for x in args.strategies.split(",")] if args.strategies else None
-    unknown = [x for x in chosen or [] if x not in command.predict.RUNS]
-    if unknown:
-        raise UserError(
-            f"--strategies: unknown {unknown[0]!r}; choose from {', '.join(command.predict.RUNS)}"
-        )
+    chosen = check_numbers_and_strategies(args, command.predict.RUNS)
     if measure and set(measure) - set(gpus):
         gpus = sorted(set(gpus) | set(measure))
     out = Path(args.out or f"runs/plan-{Path(args.recipe).stem}")
