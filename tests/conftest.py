@@ -10,6 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+# One thread a process, here and in every process a test starts (paratrain keeps a set
+# OMP_NUM_THREADS): the suite runs three pytest workers on two cores, each starting runs of
+# two processes; at the cores' count of threads each, OpenMP's threads wait for cores the
+# others hold, and a float64 MobileNetV2 step took 70 s instead of 0.05 s.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 

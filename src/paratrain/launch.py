@@ -155,7 +155,15 @@ def check_numa_affinity(cfg: LaunchConfig, cuda: bool) -> None:
 
 
 def threads_per_process(cfg: LaunchConfig, local_processes: int) -> int:
-    return cfg.cpu_threads or max(1, cores() // max(local_processes, 1))
+    """launch.cpu_threads; else OMP_NUM_THREADS where the environment sets it (the standard
+    knob, a user's or an outside torchrun's, kept as PyTorch keeps it); else this machine's
+    cores over the processes on it."""
+    if cfg.cpu_threads:
+        return cfg.cpu_threads
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
+    return max(1, cores() // max(local_processes, 1))
 
 
 def _no_join_trace(record: logging.LogRecord) -> bool:

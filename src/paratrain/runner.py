@@ -179,7 +179,9 @@ def launch_workers(plan: RunPlan) -> int:
         os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
         signals_before = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = launch.AGENT_SIGNALS
-        # the workers' thread count, set here (torchrun would set 1 and print a banner)
+        # the workers' thread count, set here (torchrun would set 1 and print a banner); this
+        # process's own value back afterwards (a notebook's next run reads it)
+        threads_before = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
             with job.forwarded_signals(errors), launch.quiet_agent():
@@ -194,5 +196,8 @@ def launch_workers(plan: RunPlan) -> int:
             os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
             if signals_before is not None:
                 os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_before
+            os.environ.pop("OMP_NUM_THREADS", None)
+            if threads_before is not None:
+                os.environ["OMP_NUM_THREADS"] = threads_before
         job.check_interrupted(errors)
     return 0

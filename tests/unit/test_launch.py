@@ -116,3 +116,17 @@ def test_the_fork_server_imports_what_the_run_needs(monkeypatch, settings, libra
     plan = resolve(load_config(None, ["device=cpu", "strategy=ddp-ds", *settings]))
     base = ("paratrain.worker", "paratrain.trainer.trainer", "torch._inductor.config")
     assert worker_imports(plan) == (*base, *libraries)
+
+
+def test_threads_a_process_keep_a_set_omp_num_threads(monkeypatch):
+    from paratrain.config.launch import LaunchConfig
+    from paratrain.host import cores
+    from paratrain.launch import threads_per_process
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads_per_process(LaunchConfig(), 2) == 3  # the environment's, as PyTorch keeps it
+    assert threads_per_process(LaunchConfig(cpu_threads=5), 2) == 5  # the setting wins
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert threads_per_process(LaunchConfig(), 1) == cores()
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")  # not a count: as unset
+    assert threads_per_process(LaunchConfig(), 1) == cores()

@@ -27,7 +27,8 @@ class LaunchConfig:
     """Times the elastic agent restarts failed workers (resume from the newest checkpoint)."""
     cpu_threads: int | None = None
     """Threads each process computes with on the CPU (torch.set_num_threads, OMP_NUM_THREADS);
-    default: this machine's cores over the processes on this node. `paratrain bench` gives
+    default: OMP_NUM_THREADS where the environment sets it, else this machine's cores over the
+    processes on this node. `paratrain bench` gives
     every run of a sweep the same (the cores over the sweep's largest process count), so that a
     1-process run is not measured with the cores a 2-process run splits."""
     numa_affinity: Literal["off", "node", "socket", "exclusive", "core-complex"] = "off"
