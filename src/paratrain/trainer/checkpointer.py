@@ -24,13 +24,8 @@ from paratrain.checkpoint import (
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.protocols import unwrap
+from paratrain.runfolder import restarted
 from paratrain.trainer.run import Held, Schedule
-
-
-def restarted() -> bool:
-    """This worker was started again by torchrun's agent after a failure (here or on another
-    node)."""
-    return pg.generation() > 0
 
 
 class Checkpointer:

@@ -28,9 +28,8 @@ from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
-from paratrain.runfolder import checkpoint_dir, default_output_dir, refuse_other_run
+from paratrain.runfolder import checkpoint_dir, output_dir, refuse_other_run, restarted
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpointer import restarted
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
 from paratrain.trainer.run import Built, Schedule
@@ -38,7 +37,8 @@ from paratrain.trainer.run import Built, Schedule
 
 def setup(plan, env: pg.DistEnv) -> tuple[Built, Schedule]:
     cfg, device = plan.config, env.device
-    out_dir = Path(pg.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
+    # named by the launching command; workers torchrun started directly name it each: rank 0's
+    out_dir = Path(pg.broadcast_object(output_dir(cfg)))
     ckpt_dir = checkpoint_dir(cfg, out_dir)
     if not restarted() and not cfg.checkpoint.resume:
         refuse_other_run(ckpt_dir)
