@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from paratrain.checkpoint import list_checkpoints
+from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 
 # What a run writes into its folder (beside checkpoints/): what --overwrite removes.
@@ -44,8 +45,17 @@ RUN_FILES = (
 )
 
 
-def default_output_dir(name: str) -> str:
-    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+def output_dir(cfg) -> str:
+    """Where the run's files go: output_dir, or runs/<name>-<time>. Decided here only: the
+    launching command names the folder before anything checks it (runner.with_output_dir);
+    workers torchrun started directly take rank 0's name (trainer/setup.py)."""
+    return cfg.output_dir or str(Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def restarted() -> bool:
+    """This worker was started again by torchrun's agent after a failure (here or on another
+    node): it continues the run in its folder."""
+    return pg.generation() > 0
 
 
 def checkpoint_dir(cfg, out_dir: Path) -> Path:

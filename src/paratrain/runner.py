@@ -15,9 +15,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from paratrain import job, launch, runfolder
 from paratrain.config import to_yaml
 from paratrain.errors import ERROR_DIR, UserError
+from paratrain.runfolder import restarted
 from paratrain.runplan import RunPlan
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpointer import restarted
 from paratrain.trainer.loop import train
 from paratrain.worker import forked
 
@@ -29,11 +29,6 @@ def preflight(plan: RunPlan, overwrite: bool = False) -> None:
     check_devices(plan)
     if plan.multiprocess:
         launch.check_numa_affinity(cfg.launch, plan.device == "cuda")
-    if plan.strategy == "pipeline" and plan.degrees["pp"] < 2:
-        raise UserError(
-            "launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got "
-            f"{plan.world_size}"
-        )
     get_task(plan.task).preflight(cfg, plan.layout, plan.device == "cuda")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
         raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
@@ -45,10 +40,6 @@ def check_devices(plan: RunPlan) -> None:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)"
-        )
-    if not cuda and cfg.precision == "tf32":
-        raise UserError(
-            "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
         )
     if cuda and plan.multiprocess and plan.nproc > torch.cuda.device_count():
         raise UserError(
@@ -125,9 +116,7 @@ def with_output_dir(plan: RunPlan) -> RunPlan:
 
     if plan.config.output_dir:
         return plan
-    cfg = dataclasses.replace(
-        plan.config, output_dir=runfolder.default_output_dir(plan.config.name)
-    )
+    cfg = dataclasses.replace(plan.config, output_dir=runfolder.output_dir(plan.config))
     writable_folder(cfg.output_dir, "output_dir")  # runs/ under a folder this user may not write
     return dataclasses.replace(plan, config=cfg)
 

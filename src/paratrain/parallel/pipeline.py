@@ -72,8 +72,6 @@ def cut_stage(model: nn.Module, spec, dims, cfg: PipelineConfig, **options: Any)
     """This rank's stages of `model`, cut in place (before tensor parallelism and wrapping):
     [model] itself for one stage per rank; under an interleaved schedule one module per stage,
     each sharing `model`'s layers (so `model` stays what checkpoints and the optimizer see)."""
-    if dims.pp < 2:
-        raise UserError("strategy: pipeline needs at least 2 processes (one per stage)")
     mine, total = local_stages(dims, cfg)
     keys = ("parallel.pp" if len(mine) == 1 else "pipeline.stages_per_rank", "pipeline.boundaries")
     ranges = stage_ranges(spec.pipeline_units(model), total, cfg.boundaries, keys)

@@ -152,6 +152,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     strategy, layout_choice = levers.one_process(cfg, strategy, world)
     multiprocess = strategy not in strategies.ONE_PROCESS
     degrees = strategies.degrees_for(cfg, strategy, world)
+    checks.check_stages(strategy, degrees, world)
     wrapper = strategies.wrapper_for(strategy, degrees)
     layout = Layout(
         degrees=degrees,
@@ -161,6 +162,7 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
         stages_per_rank=stages_per_rank(cfg, degrees["pp"]),
     )
     device = device_of(cfg)
+    checks.check_device(cfg, device)
     checks.check_supported(task, layout, strategy, cfg.precision)
     machine = levers.machine_of(device)
     chosen = [layout_choice] if layout_choice else []

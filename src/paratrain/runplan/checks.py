@@ -21,10 +21,6 @@ LAYOUT_NAMES = {
 
 def check_run(cfg, strategy: str, replicating: bool) -> None:
     """The cross-owner rules of a run. replicating: DDP runs the data-parallel axis."""
-    if cfg.precision == "tf32" and cfg.device == "cpu":
-        raise ValueError(
-            "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
-        )
     check_ddp_options(cfg, strategy, replicating)
     p = cfg.parallel
     if p.cpu_offload and not (strategy == "fsdp" or p.dp_shard != 1):
@@ -37,6 +33,24 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
     if cfg.lora.save_merged and sharded:
         raise ValueError(
             "lora.save_merged: merging needs whole weights on one rank; use ddp-ds, or merge later"
+        )
+
+
+def check_device(cfg, device: str) -> None:
+    """What the device the run takes decides (runplan.device_of: cpu where no GPU is visible,
+    unless device=cuda, which the launch refuses on such a host)."""
+    if cfg.precision == "tf32" and device == "cpu" and cfg.device != "cuda":
+        raise ValueError(
+            "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
+        )
+
+
+def check_stages(strategy: str, degrees: dict[str, int], world: int) -> None:
+    """strategy=pipeline: a stage per process, two at least."""
+    if strategy == "pipeline" and degrees["pp"] < 2:
+        raise ValueError(
+            "launch.nproc: strategy pipeline needs at least 2 processes (one per stage), got "
+            f"{world}"
         )
 
 

@@ -13,6 +13,7 @@ import torch
 
 from paratrain.checkpoint import (
     AsyncSaves,
+    LoopState,
     keep_implementation,
     list_checkpoints,
     load_checkpoint,
@@ -23,18 +24,32 @@ from paratrain.checkpoint import (
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.protocols import unwrap
-from paratrain.trainer.run import Run
-
-
-def restarted() -> bool:
-    """This worker was started again by torchrun's agent after a failure (here or on another
-    node)."""
-    return pg.generation() > 0
+from paratrain.runfolder import restarted
+from paratrain.trainer.run import Held, Schedule
 
 
 class Checkpointer:
-    def __init__(self, run: Run):
-        self.run, self.cfg = run, run.cfg.checkpoint
+    """cfg: checkpoint.*; held: what is saved and loaded; the rank's place (env, dims); the
+    schedule (a checkpoint's position in an epoch, in samples); tied: a pipeline's tied
+    weights' aliases, else None; epochs_decide: train.max_steps unset (a resumed run's step
+    follows from its epoch, in this layout's steps)."""
+
+    def __init__(
+        self,
+        cfg,
+        held: Held,
+        *,
+        ckpt_dir: Path,
+        env: pg.DistEnv,
+        dims,
+        schedule: Schedule,
+        tied: dict | None = None,
+        epochs_decide: bool = True,
+    ):
+        self.cfg, self.held, self.ckpt_dir = cfg, held, ckpt_dir
+        self.env, self.dims, self.schedule = env, dims, schedule
+        self.tied, self.epochs_decide = tied, epochs_decide
+        self.layout = {"degrees": dims.describe(), "label": dims.label()}
         self.saves = AsyncSaves(self.cfg.async_mode)
         self.stats = {"saves": 0, "blocking_s": 0.0, "end_wait_s": 0.0}
         """Checkpoints written by this run, the time its steps waited for them, and (async)
@@ -44,28 +59,27 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         """Every checkpoint.every_steps, except the last step (the end of the run saves)."""
         every = self.cfg.every_steps
-        return bool(every) and step % every == 0 and step < self.run.total_steps
+        return bool(every) and step % every == 0 and step < self.schedule.total_steps
 
-    def save(self) -> None:
+    def save(self, state: LoopState) -> None:
         """The same state, the same files, on every rank (collective)."""
-        run = self.run
-        state = run.state
-        state.samples_in_epoch = state.step_in_epoch * run.k * run.loader_batch * run.partition
+        held, s = self.held, self.schedule
+        state.samples_in_epoch = state.step_in_epoch * s.k * s.loader_batch * s.partition
         began = time.perf_counter()
         replica = self.replica()
         # DCP keeps one copy of each replicated tensor, from whichever rank its planner picks:
         # that copy is the replicas' mean, and each rank's own goes in its replica file
-        one = run.sync.one_model(unwrap(run.model)) if run.sync else contextlib.nullcontext()
+        one = held.sync.one_model(unwrap(held.model)) if held.sync else contextlib.nullcontext()
         with one:
             save_checkpoint(
-                run.ckpt_dir,
-                model=unwrap(run.model),
-                optimizer=run.optimizer,
-                scaler=run.scaler,
+                self.ckpt_dir,
+                model=unwrap(held.model),
+                optimizer=held.optimizer,
+                scaler=held.scaler,
                 state=state,
-                device=run.env.device,
+                device=self.env.device,
                 keep=self.cfg.keep,
-                layout=run.layout,
+                layout=self.layout,
                 saves=self.saves,
                 replica=replica,
             )
@@ -76,101 +90,103 @@ class Checkpointer:
     def replica(self) -> dict | None:
         """sync.mode local_sgd / diloco / stale: this rank's weights, optimizer and sync state,
         which DCP's one copy of replicated tensors would lose."""
-        run = self.run
-        if run.sync is None or not run.sync.keeps_replicas:
+        held = self.held
+        if held.sync is None or not held.sync.keeps_replicas:
             return None
         return {
-            "model": {k: v.detach().clone() for k, v in unwrap(run.model).state_dict().items()},
-            "optimizer": run.optimizer.state_dict(),
-            "sync": run.sync.state_dict(),
+            "model": {k: v.detach().clone() for k, v in unwrap(held.model).state_dict().items()},
+            "optimizer": held.optimizer.state_dict(),
+            "sync": held.sync.state_dict(),
         }
 
-    def on_interrupt(self) -> str | None:
+    def on_interrupt(self, state: LoopState) -> str | None:
         """The run stops at this step boundary (Ctrl-C, SIGTERM): its checkpoint, written and
         in place, unless checkpoint.on_interrupt is off -> its folder (collective)."""
         if not self.cfg.on_interrupt:
             return None
-        if self.saved_step != self.run.state.step:
-            self.save()
+        if self.saved_step != state.step:
+            self.save(state)
         self.saves.close()
-        found = list_checkpoints(self.run.ckpt_dir)
+        found = list_checkpoints(self.ckpt_dir)
         return str(found[-1]) if found else None
 
-    def finish(self, start_step: int) -> None:
+    def finish(self, state: LoopState, start_step: int) -> None:
         """The end of the run: its last checkpoint (checkpoint.at_end), and the one in flight
         written and in place (collective)."""
-        if self.cfg.at_end and self.run.state.step > start_step:
-            self.save()
+        if self.cfg.at_end and state.step > start_step:
+            self.save(state)
         began = time.perf_counter()
         self.saves.close()
         self.stats["end_wait_s"] += time.perf_counter() - began
 
     # ------------------------------------------------------------------ resuming
 
-    def resume_if_asked(self) -> None:
-        """A restarted worker continues from its run's newest good checkpoint (before it has
-        one, from where the first generation started); else checkpoint.resume, if set."""
-        run = self.run
-        start = resolve_resume("auto", run.ckpt_dir) if restarted() else None
+    def resume_if_asked(self) -> LoopState:
+        """-> where the loop starts: a restarted worker continues from its run's newest good
+        checkpoint (before it has one, from where the first generation started); else
+        checkpoint.resume, if set; else the beginning."""
+        start = resolve_resume("auto", self.ckpt_dir) if restarted() else None
         if start is None and self.cfg.resume:
-            start = resolve_resume(self.cfg.resume, run.ckpt_dir)
+            start = resolve_resume(self.cfg.resume, self.ckpt_dir)
         if start is None:
-            return
-        self.resume(start)
-        if not restarted() and run.state.step >= run.total_steps:
+            return LoopState()
+        state = self.resume(start)
+        total = self.schedule.total_steps
+        if not restarted() and state.step >= total:
             raise UserError(
-                f"checkpoint.resume: {start} is at step {run.state.step}, where this run ends "
-                f"({run.total_steps} steps): nothing to train; raise train.max_steps or "
+                f"checkpoint.resume: {start} is at step {state.step}, where this run ends "
+                f"({total} steps): nothing to train; raise train.max_steps or "
                 "train.epochs to go on"
             )
+        return state
 
-    def resume(self, path: Path) -> None:
-        run = self.run
+    def resume(self, path: Path) -> LoopState:
+        """The checkpoint at `path` loaded into the model, optimizer and scaler -> its loop
+        state, in this layout's steps."""
+        held, env, dims = self.held, self.env, self.dims
         state, writer = load_checkpoint(
             path,
-            model=unwrap(run.model),
-            optimizer=run.optimizer,
-            scaler=run.scaler,
-            device=run.env.device,
-            layout=run.layout,
-            aliases=run.pipe.tied.aliases if run.pipe is not None and run.pipe.tied else None,
+            model=unwrap(held.model),
+            optimizer=held.optimizer,
+            scaler=held.scaler,
+            device=env.device,
+            layout=self.layout,
+            aliases=self.tied,
         )
         # The epoch's samples already trained on, in this layout's steps: the same position
         # when the layout is the same, the nearest step boundary before it when it is not.
-        per_step = run.unique_per_step
+        per_step = self.schedule.unique_per_step
         state.step_in_epoch = state.samples_in_epoch // per_step
         state.samples_in_epoch = state.step_in_epoch * per_step
-        if run.cfg.train.max_steps is None:  # epochs decide the length: this layout's steps
-            state.step = state.epoch * run.steps_per_epoch + state.step_in_epoch
-        run.state = state
+        if self.epochs_decide:  # epochs decide the length: this layout's steps
+            state.step = state.epoch * self.schedule.steps_per_epoch + state.step_in_epoch
         note = self.restore_replica(path, writer)
-        if writer.get("world_size") != run.env.world_size or writer.get("degrees") != (
-            run.dims.describe()
-        ):
+        if writer.get("world_size") != env.world_size or writer.get("degrees") != dims.describe():
             note += (
                 f"; written by {writer.get('world_size')} processes ({writer.get('label', '?')}),"
-                f" resharded to {run.dims.label()}; random streams restart"
+                f" resharded to {dims.label()}; random streams restart"
             )
-        if run.env.is_main:
+        if env.is_main:
             print(
                 f"paratrain: resumed from {path} at step {state.step} (epoch {state.epoch}){note}",
                 flush=True,
             )
+        return state
 
     def restore_replica(self, path: Path, writer: dict) -> str:
         """sync.mode's own replica for this rank, over what DCP loaded (rank 0's copy): with the
         same processes the run goes on bit for bit; else every rank starts from rank 0's."""
-        run = self.run
-        if run.sync is None or not run.sync.keeps_replicas:
+        held = self.held
+        if held.sync is None or not held.sync.keeps_replicas:
             return ""
-        same_world = writer.get("world_size") == run.env.world_size
-        replica = read_replica(path, run.env.rank) if same_world else None
+        same_world = writer.get("world_size") == self.env.world_size
+        replica = read_replica(path, self.env.rank) if same_world else None
         if replica is None:
-            run.sync.load_state_dict({})  # DiLoCo: the shared weights are the loaded ones
+            held.sync.load_state_dict({})  # DiLoCo: the shared weights are the loaded ones
             return "; the replicas restart from rank 0's weights (no replica of this rank's kept)"
         with torch.no_grad():
-            unwrap(run.model).load_state_dict(replica["model"])
-        run.optimizer.load_state_dict(replica["optimizer"])
-        keep_implementation(run.optimizer)  # this run's fused / foreach, not the writer's
-        run.sync.load_state_dict(replica["sync"])
+            unwrap(held.model).load_state_dict(replica["model"])
+        held.optimizer.load_state_dict(replica["optimizer"])
+        keep_implementation(held.optimizer)  # this run's fused / foreach, not the writer's
+        held.sync.load_state_dict(replica["sync"])
         return ""

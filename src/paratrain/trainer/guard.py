@@ -8,17 +8,20 @@ pinned memory behind the step's work, so the GPU never idles for the read."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from paratrain.checkpoint import list_checkpoints
+from paratrain.checkpoint import LoopState, list_checkpoints
 from paratrain.errors import UserError
 
 
 class NaNGuard:
-    def __init__(self, run):
-        self.run = run
+    def __init__(self, state: LoopState, *, limit: int, ckpt_dir: Path, is_main: bool):
+        """state: the loop's (its step, its list of skipped steps); limit: train.max_bad_steps;
+        ckpt_dir: where the last checkpoint, named when the run stops, is."""
+        self.state, self.limit, self.ckpt_dir, self.is_main = state, limit, ckpt_dir, is_main
         self.pending: list[tuple[int, torch.Tensor, Any]] = []
 
     def judge(self, loss: torch.Tensor | None, good) -> torch.Tensor | None:
@@ -26,7 +29,7 @@ class NaNGuard:
         step)."""
         if isinstance(good, torch.Tensor):  # the device's flag
             self.read()  # the step before's, finished by now (this one is queued)
-            self.add(self.run.state.step + 1, good)
+            self.add(self.state.step + 1, good)
             return None if loss is None else torch.where(good > 0, torch.zeros_like(loss), loss)
         if not good:
             self.skipped()
@@ -57,19 +60,17 @@ class NaNGuard:
         """A step was not applied: count it, say so, and stop once train.max_bad_steps is
         passed. `step`: one judged on the device and read later; default the step being
         finished (1-based, as printed)."""
-        run = self.run
-        state = run.state
+        state, limit = self.state, self.limit
         step = state.step + 1 if step is None else step
         state.bad_steps.append(step)
-        limit = run.cfg.train.max_bad_steps
-        if run.env.is_main:
+        if self.is_main:
             print(
                 f"paratrain: step {step}: non-finite loss or gradient; skipped "
                 f"({len(state.bad_steps)} of at most {limit})",
                 flush=True,
             )
         if len(state.bad_steps) > limit:
-            good = list_checkpoints(run.ckpt_dir)
+            good = list_checkpoints(self.ckpt_dir)
             raise UserError(
                 f"train: {len(state.bad_steps)} steps had a non-finite loss or gradient (steps "
                 f"{', '.join(map(str, state.bad_steps[-5:]))}); stopped. Last checkpoint: "

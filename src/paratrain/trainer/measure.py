@@ -176,19 +176,29 @@ class Measure:
     profiled steps right after warm-up, the GPU telemetry over the measured steps, tokens
     counted on the device, and steps far slower than usual (out of throughput)."""
 
-    def __init__(self, run):
+    def __init__(
+        self,
+        env,
+        tc,
+        *,
+        start_step: int,
+        out_dir,
+        watchdog_s: float,
+        devices: list[torch.device],
+    ):
+        """tc: train.*; devices: those this rank drives (run_devices), whose energy counts."""
         from paratrain.profiling import StepProfiler
         from paratrain.telemetry import GpuSampler, energy_counter
         from paratrain.trainer.watchdog import StallMeter
 
-        device, tc = run.env.device, run.cfg.train
-        self.start_step = run.state.step
+        device = env.device
+        self.start_step = start_step
         self.warmup = tc.warmup_steps
         self.gpu = GpuSampler(device)  # clocks, power, temperature over the measured steps
-        self.clock = TrainClock(device, energy_counter(run_devices(run)), self.gpu)
-        self.meter = Meter(device, run.state.step, tc.warmup_steps, tc.profile_steps)
-        self.profiler = StepProfiler(device, tc.profile_steps, run.out_dir, run.env.is_main)
-        self.stalls = StallMeter(run.cfg.dist.watchdog_s)
+        self.clock = TrainClock(device, energy_counter(devices), self.gpu)
+        self.meter = Meter(device, start_step, tc.warmup_steps, tc.profile_steps)
+        self.profiler = StepProfiler(device, tc.profile_steps, out_dir, env.is_main)
+        self.stalls = StallMeter(watchdog_s)
         metrics.reset_peak_memory(device)
 
     def before_step(self, step: int) -> None:
@@ -216,8 +226,8 @@ class Measure:
         return pg.all_gather_object(self.gpu.stop())
 
 
-def run_devices(run) -> list[torch.device]:
+def run_devices(split: dict | None, device: torch.device) -> list[torch.device]:
     """The devices this rank drives: every GPU a layer split spans, else its own."""
-    if run.split and run.env.device.type == "cuda":
-        return [torch.device(d) for d in run.split["devices"]]
-    return [run.env.device]
+    if split and device.type == "cuda":
+        return [torch.device(d) for d in split["devices"]]
+    return [device]

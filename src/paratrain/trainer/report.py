@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from paratrain import metrics
-from paratrain.tasks import counts_tokens
 from paratrain.trainer import result as results
-from paratrain.trainer.measure import lr_at
 from paratrain.trainer.steplog import StepLog, memory_in_use
 
 
@@ -74,49 +72,68 @@ def scale_of(scaler) -> torch.Tensor | float | None:
 
 
 class Reporter:
-    def __init__(self, run, measure):
-        cfg, env, state = run.cfg, run.env, run.state
-        self.run, self.measure = run, measure
-        self.every = cfg.log.every_steps or log_every(run.total_steps)
-        label = f"{run.plan.label} x{env.world_size} {cfg.precision}"
-        label += " [redundant data]" if run.redundant else ""
-        self.progress = metrics.Progress(env.is_main and cfg.log.progress, run.total_steps, label)
-        self.progress.update(state.step)
-        self.bar = env.is_main and cfg.log.progress
-        logged = env.is_main and cfg.log.steps
-        wandb = {"project": cfg.log.wandb_project, "name": cfg.name, "config": cfg.to_dict()}
+    """log: log.*; label: the bar's; lm: a task that counts tokens (units are tokens, rank 0's
+    times `copies`, the data-parallel replicas); has_loss: this rank holds the loss (a
+    pipeline's last stage); lr: the learning rate at a step; wandb: wandb.init's project, name
+    and config when log.wandb, else None."""
+
+    def __init__(
+        self,
+        measure,
+        *,
+        log,
+        schedule,
+        start_step: int,
+        is_main: bool,
+        device,
+        label: str,
+        lm: bool,
+        copies: int,
+        has_loss: bool,
+        out_dir,
+        scaler,
+        lr,
+        wandb: dict | None = None,
+    ):
+        self.measure, self.schedule, self.device = measure, schedule, device
+        self.scaler, self.lr, self.out_dir = scaler, lr, out_dir
+        self.every = log.every_steps or log_every(schedule.total_steps)
+        self.bar = is_main and log.progress
+        self.progress = metrics.Progress(self.bar, schedule.total_steps, label)
+        self.progress.update(start_step)
+        self.step = start_step  # the last step finished
+        logged = is_main and log.steps
         self.steplog = StepLog(
-            run.out_dir,
+            out_dir,
             logged,
-            cfg.log.tensorboard,
-            resumed=state.step > 0,
-            wandb=wandb if logged and cfg.log.wandb else None,
+            log.tensorboard,
+            resumed=start_step > 0,
+            wandb=wandb if logged else None,
         )
-        self.lm = counts_tokens(run.plan.task)
-        self.copies = 1 if run.redundant else run.dims.dp_size  # tokens: rank 0's x replicas
-        self.has_loss = run.pipe is None or run.pipe.last  # a pipeline's: on its last stage
-        self.epoch_step, self.epoch_clock = state.step, 0.0
+        self.lm, self.copies, self.has_loss, self.is_main = lm, copies, has_loss, is_main
+        self.epoch_step, self.epoch_clock = start_step, 0.0
         self.pending: deque[Point] = deque()  # log points whose device values are on their way
 
     def open(self) -> None:
         """The run's first step has run: the step log's files begun (steplog.py)."""
         self.steplog.open()
 
-    def trained_units(self) -> float:
+    def trained_units(self, step: int) -> float:
         if self.lm:
             return float(self.measure.meter.tokens.item()) * self.copies
-        return self.run.state.step * self.run.unique_per_step
+        return step * self.schedule.unique_per_step
 
-    def epoch_start(self) -> None:
+    def epoch_start(self, step: int) -> None:
         clock = self.measure.clock
-        self.epoch_step, self.epoch_clock = self.run.state.step, clock.elapsed()
+        self.epoch_step, self.epoch_clock = step, clock.elapsed()
         if self.steplog.enabled:
-            self.steplog.start(self.run.state.step, 0.0, clock.elapsed(), self.trained_units())
+            self.steplog.start(step, 0.0, clock.elapsed(), self.trained_units(step))
 
-    def after_step(self, loss_sum: torch.Tensor) -> None:
+    def after_step(self, step: int, loss_sum: torch.Tensor, grad_norm=None) -> None:
         """Every step: the bar's count; at a log point its values sent (send()); the points whose
-        values have landed shown and written."""
-        run, step, clock = self.run, self.run.state.step, self.measure.clock
+        values have landed shown and written. grad_norm: the step's (trainer/step.py), or None."""
+        clock = self.measure.clock
+        self.step = step
         due = step % self.every == 0
         bar, log = self.bar and due, self.steplog.enabled and due
         self.progress.update(step)
@@ -125,13 +142,13 @@ class Reporter:
             elapsed = clock.queued()  # no sync: the host's time as it queued the step
             values = {"loss_sum": loss_sum if self.has_loss else None}
             if log:
-                values["units"] = self.measure.meter.tokens if self.lm else self.trained_units()
-                values["grad_norm"] = run.grad_norm
-                values["loss_scale"] = scale_of(run.scaler)
+                values["units"] = self.measure.meter.tokens if self.lm else self.trained_units(step)
+                values["grad_norm"] = grad_norm
+                values["loss_scale"] = scale_of(self.scaler)
             values, landed = send(values)
-            rate = run.unique_per_step * done / max(elapsed - self.epoch_clock, 1e-9)
-            lr = lr_at(step - 1, run.total_steps, run.cfg.train)
-            memory = memory_in_use(run.env.device) if log else None
+            rate = self.schedule.unique_per_step * done / max(elapsed - self.epoch_clock, 1e-9)
+            lr = self.lr(step - 1)
+            memory = memory_in_use(self.device) if log else None
             self.pending.append(
                 Point(step, done, elapsed, rate, lr, memory, bar, log, values, landed)
             )
@@ -161,7 +178,7 @@ class Reporter:
         v = {key: number(value) for key, value in point.values.items()}
         if point.bar:
             loss = v["loss_sum"] / point.done if v["loss_sum"] is not None else None
-            self.progress.update(self.run.state.step, point.rate, loss)
+            self.progress.update(self.step, point.rate, loss)
         if point.log:
             units = v["units"] * self.copies if self.lm else v["units"]
             self.steplog.point(
@@ -178,7 +195,7 @@ class Reporter:
 
     def epoch_end(self, record: dict) -> None:
         self.flush(wait=True)  # this epoch's points before its line and the next epoch's sums
-        if self.run.env.is_main:
+        if self.is_main:
             self.progress.print(results.epoch_line(record))
 
     def close(self) -> dict[str, str]:
@@ -192,7 +209,7 @@ class Reporter:
             if curves is not None:
                 artifacts["curves"] = str(curves)
             if self.steplog.writer is not None:
-                artifacts["tensorboard"] = str(self.run.out_dir / "tensorboard")
+                artifacts["tensorboard"] = str(self.out_dir / "tensorboard")
         return artifacts
 
 

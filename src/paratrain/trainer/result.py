@@ -45,6 +45,8 @@ def step_windows(
 
 def build(
     run,
+    schedule,
+    state,
     *,
     epochs: list[dict[str, Any]],
     start_step: int,
@@ -61,7 +63,8 @@ def build(
     checkpoints: dict | None = None,
     step_times: list[float] | None = None,
 ) -> dict[str, Any]:
-    cfg, env, dims, state, work = run.cfg, run.env, run.dims, run.state, run.work
+    """run: trainer.run.Built; schedule: its Schedule; state: the loop's, at the end."""
+    cfg, env, dims, work = run.cfg, run.env, run.dims, run.work
     task = run.plan.task_spec
     device = env.device
     # GPUs the run used: one per process, or all that a split spans
@@ -89,15 +92,15 @@ def build(
         # how steady the measured steps were: their mean step in consecutive windows (`paratrain
         # plan` repeats a calibration whose windows spread)
         "step_windows_s": step_windows(step_times, measured_steps, warmup_excluded),
-        "unique_samples_per_s": run.unique_per_step * measured_steps / measured_s,
-        "processed_samples_per_s": run.processed_per_step * measured_steps / measured_s,
+        "unique_samples_per_s": schedule.unique_per_step * measured_steps / measured_s,
+        "processed_samples_per_s": schedule.processed_per_step * measured_steps / measured_s,
         "train_loss": last.get("train_loss"),
         **{k: v for k, v in last.items() if k.startswith("val_")},
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
         "trainable_parameters": sum(p.numel() for p in run.params),
-        "model_state": model_state(run),  # `paratrain plan`'s calibration reads it
+        "model_state": model_state(run, schedule.k),  # `paratrain plan`'s calibration reads it
         "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
@@ -121,7 +124,7 @@ def build(
         env.world_size,
         gpus=gpus,
         seconds=measured_s,
-        samples=run.unique_per_step * measured_steps,
+        samples=schedule.unique_per_step * measured_steps,
         tokens=summary.get("tokens_per_s", 0.0) * measured_s,
         device=device,
     )
@@ -144,12 +147,12 @@ def build(
         "fp8_lm_head": task.fp8 and cfg.model.fp8_lm_head,
         "world_size": env.world_size,
         "cpu_threads": torch.get_num_threads(),  # per process
-        "dp_gpus": run.loader_batch // cfg.data.batch_size,
+        "dp_gpus": schedule.loader_batch // cfg.data.batch_size,
         "backend": env.backend,
         "data_real": work.info.get("data_real", True),
         "effective": {
             "pin_memory": work.info.get("pin_memory"),
-            "loader_batch": run.loader_batch,
+            "loader_batch": schedule.loader_batch,
             "num_workers": loader_workers(cfg.data.num_workers),
         },
         "workload": work.info,
@@ -211,7 +214,7 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def model_state(run) -> dict[str, Any]:
+def model_state(run, k: int) -> dict[str, Any]:
     """This rank's model state as it sits in memory after training: parameter, gradient and
     optimizer-state bytes counted from the tensors themselves, the largest block (FSDP gathers
     one at a time) and, for a causal LM, the shape tensor parallelism's collectives depend on."""
@@ -246,7 +249,7 @@ def model_state(run) -> dict[str, Any]:
         "kv_heads": getattr(config, "num_key_value_heads", None),
         "micro_batch": run.cfg.data.batch_size,
         "sequence_length": run.cfg.data.max_length if counts_tokens(run.plan.task) else None,
-        "micro_batches": run.k,
+        "micro_batches": k,
     }
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from paratrain.checkpoint import LoopState
 from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
@@ -29,17 +28,17 @@ from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
-from paratrain.runfolder import checkpoint_dir, default_output_dir, refuse_other_run
+from paratrain.runfolder import checkpoint_dir, output_dir, refuse_other_run, restarted
 from paratrain.tasks import get_task
-from paratrain.trainer.checkpointer import restarted
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
-from paratrain.trainer.run import Run
+from paratrain.trainer.run import Built, Schedule
 
 
-def setup(plan, env: pg.DistEnv) -> Run:
+def setup(plan, env: pg.DistEnv) -> tuple[Built, Schedule]:
     cfg, device = plan.config, env.device
-    out_dir = Path(pg.broadcast_object(cfg.output_dir or default_output_dir(cfg.name)))
+    # named by the launching command; workers torchrun started directly name it each: rank 0's
+    out_dir = Path(pg.broadcast_object(output_dir(cfg)))
     ckpt_dir = checkpoint_dir(cfg, out_dir)
     if not restarted() and not cfg.checkpoint.resume:
         refuse_other_run(ckpt_dir)
@@ -54,7 +53,7 @@ def setup(plan, env: pg.DistEnv) -> Run:
     work = workload(plan, env, dims, policy, loader_batch)
     work.out_dir = out_dir
     materialise_lazy(work)
-    built = {**parameter_counts(work.model), "rows": work.rows}
+    counts = {**parameter_counts(work.model), "rows": work.rows}
     masters = bf16_weights(work, cfg.train)  # before anything wraps or compiles the model
     link = slow_link(cfg, env)
     model, eval_model, parts, pipe, split = lay_out(plan, env, dims, work, policy, link)
@@ -64,8 +63,16 @@ def setup(plan, env: pg.DistEnv) -> Run:
     seed_all(cfg.seed + dims.dp_rank)
     params = [p for p in unwrap(model).parameters() if p.requires_grad]  # LoRA: the adapters
     steps_per_epoch, total_steps = lengths(cfg.train, len(work.train))
+    schedule = Schedule(
+        loader_batch=loader_batch,
+        k=cfg.train.grad_accum_steps,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        partition=1 if plan.layout.sampler == "full" else dims.dp_size,
+        dp_size=dims.dp_size,
+    )
     wrapper = plan.layout.wrapper
-    return Run(
+    built = Built(
         plan=plan,
         cfg=cfg,
         env=env,
@@ -77,13 +84,8 @@ def setup(plan, env: pg.DistEnv) -> Run:
         optimizer=optimizers(work, params, dims, cfg.train, masters),
         scaler=build_scaler(cfg.precision, cfg.scaler, device),
         policy=policy,
-        state=LoopState(),
         out_dir=out_dir,
         ckpt_dir=ckpt_dir,
-        loader_batch=loader_batch,
-        k=cfg.train.grad_accum_steps,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps,
         wrapper=wrapper,
         split=split,
         step_context=lambda: step_context(dims, cfg.parallel),
@@ -98,8 +100,9 @@ def setup(plan, env: pg.DistEnv) -> Run:
             else None,
             link=link,
         ),
-        built=built,
+        counts=counts,
     )
+    return built, schedule
 
 
 def determinism(cfg) -> None:
@@ -292,14 +295,14 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     }
 
 
-def announce(run: Run) -> None:
+def announce(run: Built) -> None:
     """The plan's lines on rank 0's console, once every check has passed (a restarted
     generation's were printed by the first). Its files follow the run's first step
     (write_plan)."""
     env, out_dir = run.env, run.out_dir
     if env.is_main and not restarted():
         print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
-        print("\n".join(run.plan.lines(run.built)), flush=True)
+        print("\n".join(run.plan.lines(run.counts)), flush=True)
     nccl = env.device.type == "cuda" and env.world_size > 1
     if env.is_main and run.cfg.dist.flight_recorder and nccl:
         # NCCL dumps here by itself when a collective times out, in the first step too (gloo's
@@ -308,7 +311,7 @@ def announce(run: Run) -> None:
         (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
 
 
-def write_plan(run: Run) -> None:
+def write_plan(run: Built) -> None:
     """The run folder's config.yaml and plan.json, once the run's first step has run
     (trainer.py): a refused resume or a mistake found before it leaves an earlier run's as
     they were. A restarted generation keeps what the first wrote (writes them if it had not)."""
@@ -320,10 +323,10 @@ def write_plan(run: Run) -> None:
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
         cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
-        run.plan.save(out_dir / "plan.json", run.built)
+        run.plan.save(out_dir / "plan.json", run.counts)
 
 
-def tidy(run: Run) -> None:
+def tidy(run: Built) -> None:
     """The end of a run (or its interruption): no empty flight_recorder folder left behind."""
     folder = run.out_dir / "flight_recorder"
     if run.env.is_main and folder.is_dir() and not any(folder.iterdir()):

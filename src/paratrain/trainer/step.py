@@ -19,20 +19,28 @@ from paratrain.profiling import phase
 from paratrain.protocols import StepContext, whole_tensor
 
 
-def choose_step(run) -> Callable[[Iterator], tuple[torch.Tensor | None, Any, Any]]:
-    """The run's step, chosen once: the task's own (a GAN: two models, two optimizers), or
-    forward and backward (micro-batches, or a pipeline schedule's) then the update. A step
-    takes the epoch's batch iterator -> (this step's loss on this rank, or None on a pipeline
+def choose_step(run, k: int) -> Callable[[Iterator, int], tuple[Any, Any, Any, Any]]:
+    """The run's step, chosen once (run: trainer.run.Built; k: micro-batches per step): the
+    task's own (a GAN: two models, two optimizers), or forward and backward (micro-batches, or
+    a pipeline schedule's) then the update. A step takes the epoch's batch iterator and the
+    steps done so far -> (this step's loss on this rank, or None on a pipeline
     stage without the loss; tokens it trained on, or None for images; whether it was applied:
-    a bool, or a device flag the NaN guard reads a step later)."""
+    a bool, or a device flag the NaN guard reads a step later; the gradients' norm, a device
+    tensor, where this rank holds it whole (one process, DDP) or the clip computed it, for
+    the step log, else None)."""
     if run.work.step is not None:
-        return lambda batches: run.work.step(task_step_context(run), next(batches))
-    forward_backward = pipeline_pass if run.pipe is not None else micro_batches
+        return lambda batches, done: (
+            *run.work.step(task_step_context(run, done), next(batches)),
+            None,
+        )
 
-    def step(batches):
+    def step(batches, done: int):
         with run.step_context():  # loss_parallel under TP: forward and backward inside it
-            loss_sum, tokens = forward_backward(run, batches)
-        return update(run, loss_sum, tokens)
+            if run.pipe is not None:
+                loss_sum, tokens = pipeline_pass(run, batches)
+            else:
+                loss_sum, tokens = micro_batches(run, k, done + 1, batches)
+        return update(run, done + 1, loss_sum, tokens)
 
     return step
 
@@ -45,9 +53,10 @@ def pipeline_pass(run, batches) -> tuple[torch.Tensor | None, Any]:
     return loss_sum, run.work.pipeline.tokens(batch)
 
 
-def micro_batches(run, batches) -> tuple[torch.Tensor, Any]:
-    """k micro-batches of forward, loss and backward; gradients accumulate."""
-    k, scaler, step = run.k, run.scaler, run.state.step + 1
+def micro_batches(run, k: int, step: int, batches) -> tuple[torch.Tensor, Any]:
+    """k micro-batches of forward, loss and backward for step `step` (1-based); gradients
+    accumulate."""
+    scaler = run.scaler
     cuda = run.env.device.type == "cuda"
     loss_sum, tokens = None, None
     for micro in range(k):
@@ -73,12 +82,12 @@ def micro_batches(run, batches) -> tuple[torch.Tensor, Any]:
     return loss_sum, tokens
 
 
-def update(run, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any]:
+def update(run, step: int, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any, Any]:
     """Clipping, the NaN guard, then the optimizer step (or none, on every rank, for a bad
-    step)."""
+    step) -> the step's (loss, tokens, applied, gradient norm)."""
     cuda = run.env.device.type == "cuda"
     replicate_partial_grads(run.dtensor_params)  # tensor parallel: summed norms' gradients
-    if faults.poison_gradients(run.env.rank, run.state.step + 1):
+    if faults.poison_gradients(run.env.rank, step):
         for p in run.params:
             if p.grad is not None:
                 p.grad.fill_(float("nan"))
@@ -86,19 +95,22 @@ def update(run, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any]:
     if run.cfg.train.max_grad_norm is not None:
         with phase("clip", cuda):
             norm, divisor = clip_gradients(run, run.cfg.train.max_grad_norm)
-    verdict = None
+    grad_norm, verdict = norm, None  # the clip's norm, the step log's (unscaled under fp16)
     if run.scaler is not None:  # fp16: overflowing scaled gradients are the scaler's to skip
         norm = None
     if run.cfg.train.max_bad_steps >= 0:
         with phase("checks", cuda):
             if guard_on_device(run):
-                verdict = nonfinite_flag(run, loss_sum, norm)
-            elif not finite_everywhere(run, loss_sum, norm):
+                verdict, whole = nonfinite_flag(run, loss_sum, norm)
+            else:
+                finite, whole = finite_everywhere(run, loss_sum, norm)
+            grad_norm = grad_norm if whole is None else whole
+            if verdict is None and not finite:
                 run.optimizer.zero_grad(set_to_none=True)
-                return loss_sum, tokens, False
+                return loss_sum, tokens, False, grad_norm
     with phase("optimizer", cuda):
-        optimizer_step(run, verdict, divisor)
-    return loss_sum, tokens, True if verdict is None else verdict
+        optimizer_step(run, step, verdict, divisor)
+    return loss_sum, tokens, True if verdict is None else verdict, grad_norm
 
 
 def clip_gradients(run, max_norm: float) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -116,7 +128,6 @@ def clip_gradients(run, max_norm: float) -> tuple[torch.Tensor | None, torch.Ten
     if not groups:
         return None, None
     total = global_norm(groups, run.env.device)
-    run.grad_norm = total
     if scales_in_kernel(run):
         # clip_grads_with_norm_'s factor, max_norm / (norm + 1e-6) at most 1, as a divisor
         return total, torch.clamp((total + 1e-6) / max_norm, min=1.0).to(torch.float32)
@@ -175,8 +186,8 @@ def scales_in_kernel(run) -> bool:
     )
 
 
-def optimizer_step(run, verdict, divisor=None) -> None:
-    step, scaler, optimizer = run.state.step + 1, run.scaler, run.optimizer
+def optimizer_step(run, step: int, verdict, divisor=None) -> None:
+    scaler, optimizer = run.scaler, run.optimizer
     # stale-1: this step's gradients start their all-reduce; last step's are applied
     if run.sync.before_optimizer(step):
         if scaler is not None:
@@ -217,35 +228,39 @@ def guard_on_device(run) -> bool:
     return True
 
 
-def finite_everywhere(run, loss: torch.Tensor | None, norm=None) -> bool:
+def finite_everywhere(run, loss: torch.Tensor | None, norm=None) -> tuple[bool, Any]:
     """Whether this step's loss and gradients are finite on every rank: one flag, all-reduced
     (MIN), so all ranks skip together. Under fp16 the scaled gradients may overflow by design
-    (GradScaler skips those steps and lowers its scale), so only the loss is checked there."""
-    ok = _finite_here(run, loss, norm)
+    (GradScaler skips those steps and lowers its scale), so only the loss is checked there.
+    -> (that, the whole gradients' norm met on the way or None: _finite_here)."""
+    ok, whole = _finite_here(run, loss, norm)
     if dist.is_initialized():
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    return bool(ok.item())
+    return bool(ok.item()), whole
 
 
-def nonfinite_flag(run, loss: torch.Tensor | None, norm=None) -> torch.Tensor:
+def nonfinite_flag(run, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
     """1.0 when this step's loss or gradients are not finite on some rank, else 0.0: a device
-    tensor, all-reduced (MAX) without reading it on the host."""
-    bad = 1.0 - _finite_here(run, loss, norm)
+    tensor, all-reduced (MAX) without reading it on the host -> (it, the whole gradients'
+    norm met on the way or None)."""
+    ok, whole = _finite_here(run, loss, norm)
+    bad = 1.0 - ok
     if dist.is_initialized():
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad
+    return bad, whole
 
 
-def _finite_here(run, loss: torch.Tensor | None, norm=None) -> torch.Tensor:
-    """1.0 when this rank's loss and gradients are finite, on the device; the gradients' norm
-    for the step log on the way, where they are whole. With the clip's global norm given, that
-    norm is the gradients' check (NaN or inf in any gradient makes it so): no second pass."""
+def _finite_here(run, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
+    """1.0 when this rank's loss and gradients are finite, on the device; and the gradients'
+    norm for the step log on the way, where they are whole (else None). With the clip's global
+    norm given, that norm is the gradients' check (NaN or inf in any gradient makes it so): no
+    second pass."""
     device = run.env.device
-    ok = torch.ones((), device=device)
+    ok, whole_norm = torch.ones((), device=device), None
     if loss is not None:
         ok = ok * torch.isfinite(loss).all()
     if norm is not None:
-        return ok * torch.isfinite(norm.to(device)).all()
+        return ok * torch.isfinite(norm.to(device)).all(), None
     if run.scaler is None:
         grads = [p.grad for p in run.params if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards
@@ -257,19 +272,19 @@ def _finite_here(run, loss: torch.Tensor | None, norm=None) -> torch.Tensor:
             whole = (
                 run.wrapper in (None, "ddp", "dp") and not run.dims.tp_enabled and run.pipe is None
             )
-            run.grad_norm = torch.linalg.vector_norm(norms) if whole else None
-    return ok
+            whole_norm = torch.linalg.vector_norm(norms) if whole else None
+    return ok, whole_norm
 
 
-def task_step_context(run) -> StepContext:
+def task_step_context(run, done: int) -> StepContext:
     """What a task's own step may use: its wrapped parts, their optimizers, the guard."""
     guarded = run.cfg.train.max_bad_steps >= 0
     return StepContext(
         parts=run.parts,
         optimizers=run.optimizer,
         scaler=run.scaler,
-        step=run.state.step,
-        finite=(lambda loss: finite_everywhere(run, loss)) if guarded else (lambda loss: True),
+        step=done,
+        finite=(lambda loss: finite_everywhere(run, loss)[0]) if guarded else (lambda loss: True),
         no_sync=lambda module: gradient_sync(module, enabled=False),
         discard=lambda module: gradient_sync(module, enabled=run.wrapper != "ddp"),
     )

@@ -23,12 +23,13 @@ import torch
 from paratrain import faults, metrics
 from paratrain.distributed import process_group as pg
 from paratrain.errors import Interrupted
+from paratrain.tasks import counts_tokens
 from paratrain.trainer import result as results
 from paratrain.trainer.checkpointer import Checkpointer
 from paratrain.trainer.evaluate import Evaluator
 from paratrain.trainer.guard import NaNGuard
 from paratrain.trainer.interrupts import Interrupts
-from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, set_lr
+from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, run_devices, set_lr
 from paratrain.trainer.report import Reporter
 from paratrain.trainer.setup import announce, setup, tidy, write_plan
 from paratrain.trainer.step import choose_step
@@ -36,13 +37,27 @@ from paratrain.trainer.watchdog import Watchdog, limit_for
 
 
 class Trainer:
+    """What setup builds (run: trainer.run.Built), the lengths decided once (schedule), the
+    loop's state (state: where it is, what it skipped), and the components, each given the
+    fields it reads."""
+
     def __init__(self, plan, env: pg.DistEnv):
-        self.run = run = setup(plan, env)
-        self.checkpoints = Checkpointer(run)
-        self.checkpoints.resume_if_asked()
-        self.interrupts = Interrupts(env.world_size, run.state.step)
-        announce(run)  # the plan's lines, once every check has passed
+        self.run, self.schedule = run, schedule = setup(plan, env)
         cfg = run.cfg
+        pipe = run.pipe
+        self.checkpoints = Checkpointer(
+            cfg.checkpoint,
+            run.held,
+            ckpt_dir=run.ckpt_dir,
+            env=env,
+            dims=run.dims,
+            schedule=schedule,
+            tied=pipe.tied.aliases if pipe is not None and pipe.tied else None,
+            epochs_decide=cfg.train.max_steps is None,
+        )
+        self.state = state = self.checkpoints.resume_if_asked()
+        self.interrupts = Interrupts(env.world_size, state.step)
+        announce(run)  # the plan's lines, once every check has passed
         self.watchdog = Watchdog(
             env.rank,
             env.world_size,
@@ -50,21 +65,43 @@ class Trainer:
             dump_dir=run.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
             backend=env.backend,
         )
-        self.measure = Measure(run)
-        self.report = Reporter(run, self.measure)
-        self.guard = NaNGuard(run)
-        self.evaluate = Evaluator(run, self.watchdog)
-        self.step = choose_step(run)
-        self.start_step = run.state.step
+        self.measure = Measure(
+            env,
+            cfg.train,
+            start_step=state.step,
+            out_dir=run.out_dir,
+            watchdog_s=cfg.dist.watchdog_s,
+            devices=run_devices(run.split, env.device),
+        )
+        self.report = reporter(run, schedule, self.measure, state.step)
+        self.guard = NaNGuard(
+            state, limit=cfg.train.max_bad_steps, ckpt_dir=run.ckpt_dir, is_main=env.is_main
+        )
+        self.evaluate = Evaluator(
+            self.watchdog,
+            enabled=cfg.train.eval,
+            model=run.model,
+            eval_model=run.eval_model,
+            val=run.work.val,
+            score=run.work.evaluate,
+            sync=run.sync,
+            step_context=run.step_context,
+            pipe=pipe,
+            autocast=run.policy.autocast,
+            loader_batch=schedule.loader_batch,
+            before=run.sync_buffers,
+        )
+        self.step = choose_step(run, schedule.k)
+        self.start_step = state.step
         self.folder_written = False
 
     def fit(self) -> dict[str, Any]:
-        run, state = self.run, self.run.state
+        run, state, total = self.run, self.state, self.schedule.total_steps
         began, epochs = time.perf_counter(), []
         gc_pause(run.cfg.train.gc_every_steps)
         self.interrupts.install()
         try:
-            while state.step < run.total_steps:
+            while state.step < total:
                 epochs.append(self.epoch())
             return self.finish(epochs, began)
         finally:
@@ -76,26 +113,27 @@ class Trainer:
     def epoch(self) -> dict[str, Any]:
         """One pass over this rank's share of the data (or what is left of it on resume),
         then the held-out metrics."""
-        run, state, clock = self.run, self.run.state, self.measure.clock
-        skip = state.step_in_epoch * run.k * run.loader_batch  # resume mid-epoch
+        run, state, clock, schedule = self.run, self.state, self.measure.clock, self.schedule
+        skip = schedule.skip(state.step_in_epoch)  # resume mid-epoch
         run.work.sampler.set_epoch(state.epoch, skip=skip)
         run.model.train()
         first, began, wall = state.step, clock.elapsed(), time.perf_counter()
         self.loss_sum = torch.zeros((), device=run.env.device, dtype=torch.float64)
         batches = iter(run.work.train)
         clock.resume()
-        self.report.epoch_start()
-        while state.step_in_epoch < run.steps_per_epoch and state.step < run.total_steps:
+        self.report.epoch_start(state.step)
+        per_epoch, total = schedule.steps_per_epoch, schedule.total_steps
+        while state.step_in_epoch < per_epoch and state.step < total:
             self.train_step(batches)
-        if state.step < run.total_steps and self.interrupts.stop_at(state.step, boundary=True):
+        if state.step < total and self.interrupts.stop_at(state.step, boundary=True):
             self.interrupt()
         clock.pause()
         self.guard.read()
         record = self.epoch_record(first, clock.elapsed() - began)
-        if state.step_in_epoch >= run.steps_per_epoch:
+        if state.step_in_epoch >= per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
-        record.update(self.evaluate())
+        record.update(self.evaluate(state.step))
         record["wall_s"] = time.perf_counter() - wall  # training + evaluation
         self.report.epoch_end(record)
         return record
@@ -103,13 +141,15 @@ class Trainer:
     def train_step(self, batches) -> None:
         """One optimizer step, and what follows it: its loss into the epoch's sum (none for a
         skipped step, nor on a pipeline stage without the loss), the components' turns."""
-        run, state, tc = self.run, self.run.state, self.run.cfg.train
+        run, state, tc = self.run, self.state, self.run.cfg.train
+        total = self.schedule.total_steps
         self.measure.before_step(state.step)
-        set_lr(run.optimizer, lr_at(state.step, run.total_steps, tc))
+        set_lr(run.optimizer, lr_at(state.step, total, tc))
         began = time.perf_counter()
         self.watchdog.beat(state.step + 1, "step")
 
-        loss, tokens, good = self.step(batches)  # forward, backward, optimizer step
+        # forward, backward, optimizer step
+        loss, tokens, good, grad_norm = self.step(batches, state.step)
 
         loss = self.guard.judge(loss, good)
         if loss is not None:
@@ -125,10 +165,10 @@ class Trainer:
         faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         # the stop check is a collective: a rank waiting there for a stalled one waits in this
         # step, so the step's time (and the stall meter) must include it
-        stop = state.step < run.total_steps and self.interrupts.stop_at(state.step)
+        stop = state.step < total and self.interrupts.stop_at(state.step)
         self.measure.after_step(state.step, time.perf_counter() - began - saving - wrote)
         # logged after a stall's excess left the clock: the next step's rate stays its own
-        self.report.after_step(self.loss_sum)
+        self.report.after_step(state.step, self.loss_sum, grad_norm)
         if stop:
             self.interrupt()  # (at the last step the run ends as it would)
 
@@ -138,7 +178,7 @@ class Trainer:
         the training clock and the step's time."""
         clock, began = self.measure.clock, time.perf_counter()
         clock.pause()
-        self.watchdog.beat(self.run.state.step, "writing the run folder")  # wandb.init: seconds
+        self.watchdog.beat(self.state.step, "writing the run folder")  # wandb.init: seconds
         self.write_folder()
         clock.resume()
         return time.perf_counter() - began
@@ -160,29 +200,29 @@ class Trainer:
         self.write_folder()  # (a no-op after a step; a checkpoint needs its config.yaml)
         self.measure.clock.pause()
         self.guard.read()  # the checkpoint's list of skipped steps is complete
-        self.watchdog.beat(run.state.step, "checkpoint")
+        self.watchdog.beat(self.state.step, "checkpoint")
         run.sync_buffers()
-        checkpoint = self.checkpoints.on_interrupt()
+        checkpoint = self.checkpoints.on_interrupt(self.state)
         self.report.close()
         tidy(run)
-        raise Interrupted(run.state.step, checkpoint, str(run.out_dir))
+        raise Interrupted(self.state.step, checkpoint, str(run.out_dir))
 
     def checkpoint_if_due(self) -> float:
         """-> the seconds a checkpoint took (already outside the training clock)."""
-        run, clock = self.run, self.measure.clock
-        if not self.checkpoints.due(run.state.step):
+        run, state, clock = self.run, self.state, self.measure.clock
+        if not self.checkpoints.due(state.step):
             return 0.0
         began = time.perf_counter()
         self.guard.read()  # a checkpoint's list of skipped steps is complete
         clock.pause()
-        self.watchdog.beat(run.state.step, "checkpoint")
+        self.watchdog.beat(state.step, "checkpoint")
         run.sync_buffers()
-        self.checkpoints.save()
+        self.checkpoints.save(state)
         clock.resume()
         return time.perf_counter() - began
 
     def epoch_record(self, first: int, train_s: float) -> dict[str, Any]:
-        run, state = self.run, self.run.state
+        run, state = self.run, self.state
         steps = state.step - first
         good = steps - sum(first < b <= state.step for b in state.bad_steps)
         (loss_total,) = pg.all_reduce_sum([self.loss_sum.item()], run.env.device)
@@ -193,26 +233,28 @@ class Trainer:
             # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
             # stages only the last has it
             "train_loss": loss_total / (run.env.world_size // run.dims.pp) / max(good, 1),
-            "unique_samples_per_s": run.unique_per_step * steps / max(train_s, 1e-9),
+            "unique_samples_per_s": self.schedule.unique_per_step * steps / max(train_s, 1e-9),
         }
 
     def finish(self, epochs: list[dict], began: float) -> dict[str, Any]:
         """The end of the run: the last checkpoint, the task's artifacts, result.json."""
-        run, measure = self.run, self.measure
+        run, measure, state = self.run, self.measure, self.state
         self.write_folder()  # (a no-op after a step: a run with none left to take has none)
         artifacts = self.report.close()
         run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
         telemetry = measure.finish()
         run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
-        self.checkpoints.finish(self.start_step)
+        self.checkpoints.finish(state, self.start_step)
         if run.work.finish is not None:
             artifacts = {**run.work.finish(run.model, run.out_dir), **artifacts}
         result = results.build(
             run,
+            self.schedule,
+            state,
             epochs=epochs,
             start_step=self.start_step,
-            window=measure.meter.window(run.state.step, measure.clock),
-            joules=measure.meter.joules(run.state.step, measure.clock),
+            window=measure.meter.window(state.step, measure.clock),
+            joules=measure.meter.joules(state.step, measure.clock),
             tokens=measure.meter.tokens,
             train_s=measure.clock.elapsed(),
             wall_s=time.perf_counter() - began,
@@ -230,3 +272,28 @@ class Trainer:
         pg.barrier()
         tidy(run)
         return result
+
+
+def reporter(run, schedule, measure: Measure, start_step: int) -> Reporter:
+    """The Reporter, given what it shows: the bar's label, the step log's settings, what
+    counts as a trained unit (tokens of a language model, else samples)."""
+    cfg, env = run.cfg, run.env
+    label = f"{run.plan.label} x{env.world_size} {cfg.precision}"
+    label += " [redundant data]" if run.redundant else ""
+    wandb = {"project": cfg.log.wandb_project, "name": cfg.name, "config": cfg.to_dict()}
+    return Reporter(
+        measure,
+        log=cfg.log,
+        schedule=schedule,
+        start_step=start_step,
+        is_main=env.is_main,
+        device=env.device,
+        label=label,
+        lm=counts_tokens(run.plan.task),
+        copies=1 if run.redundant else run.dims.dp_size,  # tokens: rank 0's x replicas
+        has_loss=run.pipe is None or run.pipe.last,  # a pipeline's: on its last stage
+        out_dir=run.out_dir,
+        scaler=run.scaler,
+        lr=lambda step: lr_at(step, schedule.total_steps, cfg.train),
+        wandb=wandb if cfg.log.wandb else None,
+    )
