@@ -41,6 +41,10 @@ def check_devices(plan: RunPlan) -> None:
         raise UserError(
             "device: cuda was asked for but no GPU is visible (check CUDA_VISIBLE_DEVICES)"
         )
+    if not cuda and cfg.precision == "tf32":  # device=auto on a machine without a GPU
+        raise UserError(
+            "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
+        )
     if cuda and plan.multiprocess and plan.nproc > torch.cuda.device_count():
         raise UserError(
             f"launch.nproc: {plan.nproc} processes but {torch.cuda.device_count()} GPUs visible; "

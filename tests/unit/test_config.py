@@ -137,6 +137,11 @@ BAD = [
         ["--set", "precision=tf32", "--set", "device=cpu"],
         "precision: tf32 is a CUDA tensor-core mode",
     ),
+    # device=auto: the config loads (a GPU sweep on a laptop); this machine has no GPU to run it
+    (
+        ["--set", "precision=tf32"],
+        "precision: tf32 is a CUDA tensor-core mode and no GPU is in use",
+    ),
     (
         ["--set", "data.prefetch_factor=2", "--set", "data.num_workers=0"],
         "data.prefetch_factor: needs num_workers > 0",

@@ -37,11 +37,13 @@ def check_run(cfg, strategy: str, replicating: bool) -> None:
 
 
 def check_device(cfg, device: str) -> None:
-    """What the device the run takes decides (runplan.device_of: cpu where no GPU is visible,
-    unless device=cuda, which the launch refuses on such a host)."""
-    if cfg.precision == "tf32" and device == "cpu" and cfg.device != "cuda":
+    """The settings against the device the config names: tf32 with device=cpu contradicts
+    itself anywhere. With device=auto the machine decides, and a machine without a GPU is the
+    launch's to refuse (runner.check_devices): a GPU recipe or sweep still loads, and plans, on
+    a laptop."""
+    if cfg.precision == "tf32" and cfg.device == "cpu":
         raise ValueError(
-            "precision: tf32 is a CUDA tensor-core mode and no GPU is in use; use fp32 or bf16"
+            "precision: tf32 is a CUDA tensor-core mode, got device=cpu; use fp32 or bf16"
         )
 
 
