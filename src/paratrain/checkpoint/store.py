@@ -374,12 +374,24 @@ _IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 
 
 def keep_implementation(optimizer) -> None:
-    """The optimizer's own implementation flags (its defaults) over those a checkpoint held."""
+    """The optimizer's own implementation flags (its defaults) over those a checkpoint held,
+    and each parameter's step count where those flags want it: on the parameter's device for
+    a fused or capturable update, else on the CPU (loading placed it by the writer's flags; a
+    foreach AdamW reading a step on the GPU syncs the host for each tensor every step)."""
     for opt in optimizer if isinstance(optimizer, list) else [optimizer]:
+        placed = "capturable" in opt.defaults  # torch's own (others place their step themselves)
         for group in opt.param_groups:
             for key in _IMPLEMENTATION:
                 if key in opt.defaults:
                     group[key] = opt.defaults[key]
+            if not placed:
+                continue
+            on_device = group.get("fused") or group.get("capturable")
+            for p in group["params"]:
+                step = opt.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    where = p.device if on_device else torch.device("cpu")
+                    opt.state[p]["step"] = step.to(device=where, dtype=torch.float32)
 
 
 def _aliased(optim_state: dict, aliases: dict, held: set) -> tuple[dict, dict]:

@@ -95,7 +95,7 @@ def update(run, step: int, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, 
     if run.cfg.train.max_grad_norm is not None:
         with phase("clip", cuda):
             norm, divisor = clip_gradients(run, run.cfg.train.max_grad_norm)
-    grad_norm, verdict = norm, None  # the clip's norm, the step log's (unscaled under fp16)
+    grad_norm, verdict, finite = norm, None, True  # the clip's norm: the step log's
     if run.scaler is not None:  # fp16: overflowing scaled gradients are the scaler's to skip
         norm = None
     if run.cfg.train.max_bad_steps >= 0:
