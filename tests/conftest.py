@@ -122,6 +122,16 @@ def same_plan(plan) -> dict:
     return {**d, "notes": [], "levers": {c["key"]: c["value"] for c in d["levers"]}}
 
 
+def one_error_line(capsys, *needles):
+    """What a refused command printed: one line on stderr, `paratrain: error: ...`, holding
+    each needle."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paratrain: error: "), err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
 def read_result(run_dir) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
 

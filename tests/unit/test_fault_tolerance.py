@@ -8,7 +8,7 @@ import pickle
 import shutil
 
 import pytest
-from conftest import TINY_LM, final_weights, max_abs_diff, read_result, train
+from conftest import TINY_LM, final_weights, max_abs_diff, one_error_line, read_result, train
 
 from paratrain import faults
 from paratrain.checkpoint import list_checkpoints
@@ -26,14 +26,6 @@ def run(out, *settings):
 def cli(out, *settings):
     args = [a for s in [*LM, *settings] for a in ("--set", s)]
     return main(["run", *args, "--output-dir", str(out)])
-
-
-def one_error_line(capsys, *needles):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("paratrain: error: "), err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import RECIPES, TINY_LM
+from conftest import RECIPES, TINY_LM, one_error_line
 from PIL import Image
 
 import paratrain
@@ -21,14 +21,6 @@ QUICK = ["strategy=single", "train.max_steps=2", "log.progress=false", "log.ever
 def run(out, *settings, flags=()):
     args = [a for s in [*QUICK, *settings] for a in ("--set", s)]
     return main(["run", TINY, *args, "--output-dir", str(out), *flags])
-
-
-def one_error_line(capsys, *needles):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("paratrain: error: "), err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def snapshot(folder):

@@ -9,18 +9,8 @@ from dataclasses import dataclass
 
 from paratrain.errors import UserError
 
-# Llama 3.1 as meta-llama's config.json files have them (the fields SHAPES uses). The 8B's
-# widths are Llama 3's ("llama3-8b" in SHAPES); 3.1 lengthens the context only.
+# Llama 3.1 as meta-llama's config.json files have them (the fields SHAPES uses).
 LLAMA31: dict[str, dict] = {
-    "llama3.1-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    ),
     "llama3.1-70b": dict(
         vocab_size=128256,
         hidden_size=8192,
@@ -117,10 +107,15 @@ def from_config(name: str, fields: dict) -> Shape:
         raise UserError(f"--shape {name}: the config has no {e.args[0]}") from None
 
 
+SAME_AS = {"llama3.1-8b": "llama3-8b"}
+"""Llama 3.1 8B has Llama 3 8B's widths (SHAPES' "llama3-8b"): 3.1 lengthens the context only."""
+
+
 def names() -> list[str]:
     from paratrain.models.causal_lm.build import SHAPES
 
-    return [*LLAMA31, *(k for k, v in SHAPES.items() if v.get("model_type", "llama") == "llama")]
+    llama = (k for k, v in SHAPES.items() if v.get("model_type", "llama") == "llama")
+    return [*SAME_AS, *LLAMA31, *llama]
 
 
 def shape(name: str) -> Shape:
@@ -129,6 +124,7 @@ def shape(name: str) -> Shape:
         return from_config(name, LLAMA31[name])
     from paratrain.models.causal_lm.build import SHAPES
 
-    if name in SHAPES and SHAPES[name].get("model_type", "llama") == "llama":
-        return from_config(name, SHAPES[name])
+    fields = SHAPES.get(SAME_AS.get(name, name))
+    if fields is not None and fields.get("model_type", "llama") == "llama":
+        return from_config(name, fields)
     raise UserError(f"--shape: no shape {name!r}; choose from {', '.join(names())}")
