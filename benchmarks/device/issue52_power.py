@@ -318,17 +318,30 @@ def readings(res: dict, p: dict) -> list[tuple]:
     return out
 
 
+def exponent(pts: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """The slope of y on x in logs, both read with noise: ordinary least squares (too low), the
+    reverse regression (too high) and their geometric mean."""
+    mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
+    sxy = sum((x - mx) * (y - my) for x, y in pts)
+    low = sxy / sum((x - mx) ** 2 for x, _ in pts)
+    high = sum((y - my) ** 2 for _, y in pts) / sxy
+    return low, high, math.sqrt(low * high)
+
+
 def fit_holds(res: dict) -> list[str]:
-    """Each hold's readings, and the exponent n of P - P_static = k f^n by least squares in
-    logs over them; the clock that n gives at 500 W from the settled clock at the limit."""
-    ph = {p["phase"]: p for p in res["phases"]}
-    static = ph["spin"]["power_w"]
+    """Each hold's readings, and the exponent n of P - P_static = k f^n over them: the clock
+    measured by the GEMMs' own rate over the 100 ms the power reading covers (the rate goes with
+    the clock below the top clock: TFLOP/s per GHz is steady there), the first 0.15 s left out
+    (the top clock, where it does not). The clock at 500 W from the bf16 GEMM's settled clock at
+    the limit, with the exponent measured where that clock lands (the float8 hold's range)."""
+    static = next(p for p in res["phases"] if p["phase"] == "spin")["power_w"]
     limit = res["info"]["power_limit_w"]
     lines = [
         f"GPU {res['info']['name']}, limit {limit:.0f} W, top clock {res['info']['max_sm_mhz']} MHz; "
         f"the spin alone (static power at the top clock): {static:.0f} W",
         "",
     ]
+    found = {}
     for p in res["phases"]:
         if p.get("kind") != "hold":
             continue
@@ -343,24 +356,31 @@ def fit_holds(res: dict) -> list[str]:
             f"| {t:.2f} | {f:.0f} | {w:.0f} | {c} | {r:.0f} | {r / f * 1e3:.0f} |"
             for t, f, w, c, r in rows
         ]
+        used = [r for r in rows if r[0] > 0.15 and r[2] > static]
         settled = [r for r in rows if r[0] > 0.75 * (p["t1"] - p["t0"])]
-        pts = [(math.log(f), math.log(w - static)) for _, f, w, _, _ in rows if w > static]
-        if not settled or len({x for x, _ in pts}) < 2:
-            lines += ["", "too few clocks to fit", ""]
+        if len(used) < 5 or not settled:
+            lines += ["", "too few readings to fit", ""]
             continue
-        mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
-        n = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        low, high, n = exponent([(math.log(r[4]), math.log(r[2] - static)) for r in used])
         f_set = statistics.median(r[1] for r in settled)
         w_set = statistics.mean(r[2] for r in settled)
-        share = ((500 - static) / (w_set - static)) ** (1 / n)
+        found[p["phase"]] = (n, f_set, w_set)
+        clocks = sorted(r[1] for r in used)
         lines += [
             "",
             f"settled: {f_set:.0f} MHz at {w_set:.0f} W, {statistics.median(r[4] for r in settled):.0f} TFLOP/s; "
-            f"exponent n = {n:.2f} over {len(pts)} readings from {min(r[1] for r in rows):.0f} to "
-            f"{max(r[1] for r in rows):.0f} MHz; at 500 W: {share * f_set:.0f} MHz, {share:.3f} of the "
-            f"settled clock (the cube-root rule: {(500 / limit) ** (1 / 3):.3f})",
+            f"exponent n = {n:.2f} ({low:.2f} to {high:.2f}) over {len(used)} readings, clocks "
+            f"{clocks[len(clocks) // 10]:.0f} to {clocks[-len(clocks) // 10 - 1]:.0f} MHz (10th to 90th percentile)",
             "",
         ]
+    if "bf16 hold" in found:
+        n_bf16, f_set, w_set = found["bf16 hold"]
+        for name, (n, _, _) in found.items():
+            share = ((500 - static) / (w_set - static)) ** (1 / n)
+            lines.append(
+                f"- bf16 GEMM at 500 W with the {name}'s exponent {n:.2f}: {share * f_set:.0f} MHz, {share:.3f} "
+                f"of its clock at {limit:.0f} W (the cube-root rule: {(500 / limit) ** (1 / 3):.3f})"
+            )
     return lines
 
 

@@ -40,12 +40,21 @@ class Hardware:
     inter: float
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    # A power-limited GPU's power against its clock: P = static_w + k f^power_exponent. The
+    # defaults are DVFS's textbook rule (no static power, V ~ f so P ~ f^3); a profile whose
+    # power_w is below its rated_power_w states what was measured instead.
+    static_w: float = 0.0
+    power_exponent: float = 3.0
 
     @property
     def clock(self) -> float:
-        """The compute rates' share left below the rated power: (P / P_rated)^(1/3) (a
-        power-limited clock under DVFS: power ~ f V^2, V ~ f)."""
-        return min(1.0, (self.power_w / self.rated_power_w) ** (1 / 3))
+        """The compute rates' share left below the rated power: the clock at which the
+        matmuls draw power_w, of the clock at which they draw rated_power_w (where the rates
+        were measured), ((P - P_static) / (P_rated - P_static))^(1 / n)."""
+        if self.power_w >= self.rated_power_w:
+            return 1.0
+        dynamic = (self.power_w - self.static_w) / (self.rated_power_w - self.static_w)
+        return dynamic ** (1 / self.power_exponent)
 
     def matmul_flops(self, float8: bool = False) -> float:
         """Achieved matmul FLOP/s of a training step's GEMMs."""
@@ -121,8 +130,20 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
         bad = [k for k in bad if k != "matmul_fp8"]
     if bad:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
+    power = data.get("power", {})
+    static, exponent = float(power.get("static_w", 0.0)), float(power.get("exponent", 3.0))
+    if (
+        not 0 <= static < min(float(sheet["power_w"]), float(sheet["rated_power_w"]))
+        or exponent <= 0
+    ):
+        raise UserError(
+            f"hardware profile {where}: power.static_w must lie below power_w and "
+            "power.exponent above 0"
+        )
     return Hardware(
         name=data.get("name", Path(where).stem),
+        static_w=static,
+        power_exponent=exponent,
         description=data.get("description", ""),
         gpus_per_node=int(sheet.get("gpus_per_node", 8)),
         sources=dict(data.get("sources", {})),
