@@ -113,6 +113,7 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     """run_plan with the calibration, link and measured runs answered from records: the
     predicted DDP step at 2 beside a measured one, its error worked out."""
     calls = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the cores decide (conftest sets 1)
 
     def fake_step(cfg, out, *, steps, threads=None, run_as=None, wrapper="single", copies=1):
         calls.append((wrapper, threads, copies, steps, tuple(run_as or ())))
@@ -143,6 +144,11 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "plan.json").read_text())["rows"]
     # 8 processes on a 2-core machine that runs 4 (a "node"): the across-nodes assumption printed
     assert any("across nodes as within" in x for x in found["assumptions"])
+    # a set OMP_NUM_THREADS is what `paratrain run` gives each process, so the plan too
+    calls.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    command.run_plan(cfg, command.PlanArgs(gpus=[1, 2], strategies=["ddp"], out=tmp_path / "omp"))
+    assert {threads for _, threads, *_ in calls} == {1}
 
 
 def test_scales_beyond_this_machine_measure_all_of_it(tmp_path, monkeypatch):

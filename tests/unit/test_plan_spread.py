@@ -105,6 +105,7 @@ def planned(tmp_path, monkeypatch, one_thread_s, **kw):
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, nbytes, device, out: 1000.0)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
     monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the cores decide (conftest sets 1)
     cfg = load_config("recipes/tiny_cpu.yaml")
     args = command.PlanArgs(gpus=[1, 2], strategies=["ddp"], out=tmp_path, **kw)
     return command.run_plan(cfg, args)

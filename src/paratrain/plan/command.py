@@ -83,10 +83,13 @@ class Plan:
             print(f"plan: {self.load}; the calibrations may be noisy", flush=True)
 
     def threads(self, n: int) -> int | None:
-        """CPU threads per process at N local processes, as `paratrain run` gives them."""
+        """CPU threads per process at N local processes, as `paratrain run` gives them
+        (launch.cpu_threads, else a set OMP_NUM_THREADS, else the cores over the processes)."""
         if not self.cpu:
             return None
-        return self.cfg.launch.cpu_threads or max(1, self.cores // max(n, 1))
+        from paratrain.launch import threads_per_process
+
+        return threads_per_process(self.cfg.launch, n)
 
     def result(self, n: int, wrapper: str = "single") -> dict:
         """The calibration at the threads a process gets at N local processes, under the
