@@ -14,6 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from paratrain import job, launch, runfolder
 from paratrain.config import to_yaml
+from paratrain.data import images
 from paratrain.errors import ERROR_DIR, UserError
 from paratrain.runfolder import restarted
 from paratrain.runplan import RunPlan
@@ -170,6 +171,7 @@ def launch_workers(plan: RunPlan) -> int:
         errors = Path(launch_dir) / "errors"
         errors.mkdir()
         os.environ[ERROR_DIR] = str(errors)  # the workers inherit it
+        images.hand_down(Path(launch_dir))  # preflight's image check: not read again per rank
         signals_before = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = launch.AGENT_SIGNALS
         # the workers' thread count, set here (torchrun would set 1 and print a banner); this
@@ -186,6 +188,7 @@ def launch_workers(plan: RunPlan) -> int:
             return 1
         finally:
             os.environ.pop(ERROR_DIR, None)
+            os.environ.pop(images.HANDED, None)
             os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
             if signals_before is not None:
                 os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_before

@@ -73,3 +73,21 @@ def test_skip_applies_to_image_folders_only(tmp_path, capsys):
     assert main(["run", "recipes/tiny_cpu.yaml", *TINY, "--set", "data.bad_images=skip",
                  "--output-dir", str(tmp_path / "run")]) == 2  # fmt: skip
     assert "data.bad_images: skip leaves out an imagefolder's" in capsys.readouterr().err
+
+
+def test_the_launch_hands_its_findings_to_its_workers(tmp_path, monkeypatch):
+    """What the launching process found is what a worker leaves out, without reading the
+    folder again; a folder it did not check (another file count) is checked by the worker."""
+    root = image_folder(tmp_path / "imgs", corrupt=["a/3.png"])
+    paths = sorted(str(p) for p in root.rglob("*.png"))
+    monkeypatch.delenv(images.HANDED, raising=False)  # restored after the test
+    monkeypatch.setattr(images, "_checked", {})
+    found = images.bad_files(str(root), paths)
+    images.hand_down(tmp_path)
+    assert (tmp_path / "checked_images.json").is_file()
+    monkeypatch.setattr(images, "_checked", {})  # a worker's fresh process
+    read = []
+    monkeypatch.setattr(images, "unreadable", lambda p, **k: read.append(len(p)) or [])
+    assert images.bad_files(str(root), paths) == found == [(str(root / "a/3.png"), found[0][1])]
+    assert read == []
+    assert images.bad_files(str(root), paths[:-1]) == [] and read == [15]

@@ -5,14 +5,18 @@ cannot be read is named before any process starts, instead of stopping the run a
 that meets it (batch 1: mid-way) or passing unseen when the run does not reach it.
 
 data.bad_images=error (the default) refuses the run naming every bad file; skip leaves them
-out of the data set with a count said once. The launching process checks (runner.preflight);
-with skip, a worker process that trains on the folder checks it again, quietly, to leave out
-the same files (the result is kept per process: one process checks once)."""
+out of the data set with a count said once. The launching process checks (runner.preflight)
+and hands what it found to the workers it launches (hand_down: a file in the launch's folder,
+its path in the environment), so with skip they leave out the same files without reading the
+folder again; a worker with nothing handed down (a job that torchrun or Slurm started, a rank
+on another node) checks the folder itself, quietly, once per process."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 PROGRESS_FROM = 2000
 """Folders of at least this many files show a progress bar while checked."""
@@ -22,6 +26,8 @@ CHUNK = 256
 """Files a thread checks per task."""
 
 _checked: dict[tuple[str, int], list[tuple[str, str]]] = {}
+HANDED = "PARATRAIN_CHECKED_IMAGES"
+"""The environment variable naming the launching process's findings (hand_down)."""
 
 
 def problem(path: str) -> str | None:
@@ -67,11 +73,34 @@ def unreadable(paths: Sequence[str], *, progress: bool = False) -> list[tuple[st
 
 
 def bad_files(root: str, paths: Sequence[str], *, progress: bool = False) -> list[tuple[str, str]]:
-    """unreadable(paths) of the folder `root`, checked once per process."""
+    """unreadable(paths) of the folder `root`: what the launching process handed down for the
+    same folder and file count, else checked here, once per process."""
     key = (os.path.abspath(root), len(paths))
     if key not in _checked:
-        _checked[key] = unreadable(paths, progress=progress)
+        found = _handed().get(key)
+        _checked[key] = found if found is not None else unreadable(paths, progress=progress)
     return _checked[key]
+
+
+def hand_down(folder: Path) -> None:
+    """This process's findings to the processes it launches: folder/checked_images.json, its
+    path in HANDED (the launch removes both)."""
+    if not _checked:
+        return
+    path = Path(folder) / "checked_images.json"
+    path.write_text(json.dumps([[root, n, bad] for (root, n), bad in _checked.items()]))
+    os.environ[HANDED] = str(path)
+
+
+def _handed() -> dict[tuple[str, int], list[tuple[str, str]]]:
+    where = os.environ.get(HANDED)
+    if not where:
+        return {}
+    try:
+        found = json.loads(Path(where).read_text())
+    except (OSError, ValueError):  # gone or cut: the folder is checked here instead
+        return {}
+    return {(root, n): [(p, why) for p, why in bad] for root, n, bad in found}
 
 
 def named(bad: list[tuple[str, str]], root: str) -> str:
