@@ -478,3 +478,27 @@ def test_the_profiled_steps_list_the_hosts_syncs_and_a_log_point_makes_none(tmp_
     section = section.split("operators by")[0]
     print(section)
     assert "report.py" not in section and "metrics.py" not in section
+
+
+@pytest.mark.parametrize("writer, reader", [("fused", "foreach"), ("foreach", "fused")])
+def test_a_loaded_optimizer_keeps_its_flags_and_its_steps_where_they_want_them(writer, reader):
+    """A checkpoint of one AdamW implementation loaded by another (a resume under other
+    levers): loading places each step count by the writer's flags; keep_implementation puts back
+    the reader's flags and its step counts where its update reads them (fused: on the GPU;
+    foreach: on the CPU, else the host syncs once a tensor every step)."""
+    from paratrain.checkpoint.store import keep_implementation
+
+    p = torch.nn.Parameter(torch.randn(64, device="cuda"))
+    p.grad = torch.ones_like(p)
+    first = torch.optim.AdamW([p], lr=0.1, **{writer: True})
+    first.step()
+    second = torch.optim.AdamW([p], lr=0.1, **{reader: True})
+    second.load_state_dict(first.state_dict())
+    assert second.state[p]["step"].device.type == ("cuda" if writer == "fused" else "cpu")
+    keep_implementation(second)
+    group = second.param_groups[0]
+    assert group[reader] and not group[writer]
+    assert second.state[p]["step"].device.type == ("cuda" if reader == "fused" else "cpu")
+    second.step()  # the update runs with the steps where it reads them
+    torch.cuda.synchronize()
+    assert float(second.state[p]["step"]) == 2.0
