@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU tests and the plan's machine reading on the lent GPU. PATHS: the test files (default: the
+# GPU tests (SIGINT at TIMEOUT, so pytest still prints what ran; -v: a line a test) and the plan's machine reading on the lent GPU. PATHS: the test files (default: the
 # two not yet run on a GPU); K: a pytest -k expression. Back: gpu_tests.txt (pytest -rA),
 # machine.txt (the GPU, versions, commit; the levers' NVML reading against torch's).
 #   device run (carry .whl .commit):  bash benchmarks/device/gpu_tests.sh
@@ -13,6 +13,6 @@ print("machine_of:", m, "| CUDA context made:", torch.cuda.is_initialized())
 print("torch reads:", torch.cuda.get_device_capability(0), torch.cuda.get_device_name(0))
 PY
 cp /tmp/machine.txt "$OUT/"; tail -2 /tmp/machine.txt
-timeout ${TIMEOUT:-520} python3 -m pytest -q -rA --show-capture=no -m gpu \
+timeout -s INT -k 20 ${TIMEOUT:-520} python3 -m pytest -v -rA --show-capture=no -m gpu \
   ${PATHS:-tests/gpu/test_gpu_model_parallel.py tests/gpu/test_gpu_triton_loss.py} ${K:+-k "$K"} \
   -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
