@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU tests (SIGINT at TIMEOUT, so pytest still prints what ran; -v: a line a test) and the plan's machine reading on the lent GPU. PATHS: the test files (default: the
-# two not yet run on a GPU); K: a pytest -k expression. Back: gpu_tests.txt (pytest -rA),
+# GPU tests and the plan's machine reading on the lent GPU. PATHS: the test files (default: the
+# two not yet run on a GPU); K: a pytest -k expression; TIMEOUT: seconds, then SIGINT (pytest
+# still prints what ran, a line a test). Back: gpu_tests.txt (pytest -rA),
 # machine.txt (the GPU, versions, commit; the levers' NVML reading against torch's).
 #   device run (carry .whl .commit):  bash benchmarks/device/gpu_tests.sh
 set -uo pipefail
