@@ -40,6 +40,19 @@ def test_unreadable_files_are_found_and_named(tmp_path, monkeypatch):
     assert images.named(bad, str(root)).endswith("; and 1 more")
 
 
+def test_a_jpeg_cut_short_is_found_without_decoding_it(tmp_path):
+    """PIL's verify reads a JPEG's header only: a download cut short passes it, and is found by
+    its missing end-of-image marker; a whole JPEG, and one padded after its marker, pass."""
+    pixels = np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)
+    whole, cut, padded = (tmp_path / f"{n}.jpg" for n in ("whole", "cut", "padded"))
+    Image.fromarray(pixels).save(whole)
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) - 200])
+    padded.write_bytes(data + bytes(100))
+    assert images.problem(str(whole)) is None and images.problem(str(padded)) is None
+    assert images.problem(str(cut)).startswith("truncated JPEG: no end-of-image marker")
+
+
 def run(tmp_path, root, *sets):
     sets = ["data.source=imagefolder", f"data.path={root}", "data.image_size=28",
             "data.channels=1", "data.batch_size=4", "data.val_fraction=0", "strategy=single",

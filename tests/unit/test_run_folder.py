@@ -110,19 +110,36 @@ def test_paratrain_train_overwrites_when_asked(finished, tmp_path):
 
 
 def image_folder(root, damaged=False):
-    """Two classes of small JPEGs; damaged: every file cut short after its header (it opens
-    and passes preflight's header check, data/images.py; its pixels do not decode), so the
-    first batch fails."""
+    """Two classes of small PNGs; damaged: every file's pixel stream replaced by bytes that are
+    not zlib, its chunk checksums made right again (it passes preflight's structure check,
+    data/images.py; its pixels do not decode), so the first batch fails."""
     rng = np.random.default_rng(0)
     for cls in ("cat", "dog"):
         (root / cls).mkdir(parents=True, exist_ok=True)
         for i in range(6):
-            path = root / cls / f"{i}.jpg"
+            path = root / cls / f"{i}.png"
             Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(path)
             if damaged:
-                data = path.read_bytes()  # the header whole, the scan cut short
-                path.write_bytes(data[: len(data) - 200])
+                path.write_bytes(garbled_pixels(path.read_bytes()))
     return root
+
+
+def garbled_pixels(png: bytes) -> bytes:
+    """The PNG with each IDAT chunk's data overwritten by 0xff bytes (not a zlib stream) and
+    its CRC recomputed."""
+    import struct
+    import zlib
+
+    out, at = bytearray(png[:8]), 8
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        kind, body = png[at + 4 : at + 8], png[at + 8 : at + 8 + length]
+        if kind == b"IDAT":
+            body = b"\xff" * length
+        out += struct.pack(">I", length) + kind + body
+        out += struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+        at += 12 + length
+    return bytes(out)
 
 
 IMAGES = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=2"]

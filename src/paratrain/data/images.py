@@ -1,8 +1,10 @@
 """An image folder's files checked before training: each file opened by PIL and verified
 (Image.open + verify: the format's header and structure, no pixels decoded; a PNG's chunks and
-their checksums), in a pool of threads (the work is mostly waiting on the disk). A file that
-cannot be read is named before any process starts, instead of stopping the run at the batch
-that meets it (batch 1: mid-way) or passing unseen when the run does not reach it.
+their checksums; a JPEG's end-of-image marker, which a file cut short lacks), in a pool of
+threads (the work is mostly waiting on the disk). A file that cannot be read is named before
+any process starts, instead of stopping the run at the batch that meets it (batch 1: mid-way)
+or passing unseen when the run does not reach it. Damage inside the pixel data that leaves the
+structure whole is found only by decoding, when a batch reads the file.
 
 data.bad_images=error (the default) refuses the run naming every bad file; skip leaves them
 out of the data set with a count said once. The launching process checks (runner.preflight)
@@ -30,17 +32,32 @@ HANDED = "PARATRAIN_CHECKED_IMAGES"
 """The environment variable naming the launching process's findings (hand_down)."""
 
 
+JPEG_TAIL = 4096
+"""Bytes at a JPEG's end searched for its end-of-image marker (some writers pad after it)."""
+
+
 def problem(path: str) -> str | None:
     """-> why PIL cannot read this image file, or None when its header and structure hold."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
+            kind = image.format
             image.verify()
     except Exception as e:  # PIL's readers raise OSError, SyntaxError, struct.error, ...
         why = str(e).replace(f" '{path}'", "")  # PIL names the file: it is named already
         return f"{type(e).__name__}: {why}".strip()[:120]
+    # PIL's verify reads a JPEG's header only; a download cut short (the commonest damage)
+    # loses the scan's end and its end-of-image marker, so look for the marker at the end
+    if kind == "JPEG" and not _ends_jpeg(path):
+        return "truncated JPEG: no end-of-image marker (the file was cut short)"
     return None
+
+
+def _ends_jpeg(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - JPEG_TAIL))
+        return b"\xff\xd9" in f.read()
 
 
 def _problems(paths: Sequence[str]) -> list[str | None]:
