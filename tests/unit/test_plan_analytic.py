@@ -236,3 +236,20 @@ def test_cli_validate_and_layouts(capsys):
         assert main(["plan", *args]) == 2
         err = capsys.readouterr().err
         assert err.count("error") == 1 and says in err, err
+
+
+def test_in_flight_is_what_torchs_schedules_held():
+    """Micro-batches of a stage's layers each rank held at its peak under torch's own
+    schedules, p = 4, measured on CPU processes (benchmarks/results/2026-12-06-cpu/pp_memory:
+    block-micro-batches over the 2 blocks a rank)."""
+    measured = {  # (schedule, m) -> units held by ranks 0..3
+        ("gpipe", 4): [8, 8, 8, 8],
+        ("1f1b", 4): [8, 6, 4, 2],
+        ("interleaved", 4): [8, 8, 7, 5],
+        ("gpipe", 8): [16, 16, 16, 16],
+        ("1f1b", 8): [8, 6, 4, 2],
+        ("interleaved", 8): [11, 9, 7, 5],
+    }
+    for (schedule, m), units in measured.items():
+        layout = Layout(4, pp=4, schedule=schedule, stages_per_rank=2, microbatches=m)
+        assert [2 * analytic.in_flight(layout, r) for r in range(4)] == units, (schedule, m)

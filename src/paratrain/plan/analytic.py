@@ -306,6 +306,30 @@ def tp_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training, tokens
     return comm, exposed
 
 
+def saved_per_token(shape: Shape, train: Training) -> float:
+    """Bytes a layer saves for backward per token, by AC mode (bf16 activations)."""
+    h, kv, f = shape.hidden, shape.kv_width, shape.ffn
+    if train.ac == "full":
+        return 2 * h
+    if train.ac == "selective":  # the layer's input, q, v, attention's output, gate, down
+        return 2 * (4 * h + kv + f)
+    if train.compile:  # inductor's partition keeps the matmuls' inputs and attention's
+        return 2 * (5 * h + 2 * kv + 3 * f)
+    return 2 * (6 * h + 2 * kv + 4 * f) + 16 * h  # every op's, and eager RMSNorm's fp32 ones
+
+
+def in_flight(layout: Layout, r: int) -> float:
+    """Micro-batches of a stage's layers pipeline rank r holds at its peak, as torch's
+    schedules run them (measured: benchmarks/results/2026-12-06-cpu/pp_memory): GPipe all m;
+    1F1B min(m, p - r); interleaved min(mv, (v-1)p + 2(p-1-r) + 1) chunks of layers / v."""
+    p, m, v = layout.pp, layout.micro, layout.v
+    if layout.schedule == "gpipe":
+        return m
+    if v > 1:
+        return min(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1) / v
+    return min(m, p - r)
+
+
 def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) -> dict:
     """Bytes on the fullest GPU: state, gathered layers, activations, the loss's peak."""
     tp, d = layout.tp, layout.dp_shard
@@ -313,14 +337,7 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) ->
     p = layout.pp
     h, kv, f = shape.hidden, shape.kv_width, shape.ffn
     tokens_mb = train.local_batch // layout.micro * train.seq_len
-    if train.ac == "full":
-        saved = 2 * h
-    elif train.ac == "selective":  # the layer's input, q, v, attention's output, gate, down
-        saved = 2 * (4 * h + kv + f)
-    elif train.compile:  # inductor's partition keeps the matmuls' inputs and attention's
-        saved = 2 * (5 * h + 2 * kv + 3 * f)
-    else:  # every op's saved tensors, and eager RMSNorm's fp32 ones
-        saved = 2 * (6 * h + 2 * kv + 4 * f) + 16 * h
+    saved = saved_per_token(shape, train)
     # one layer live in backward (its activations and their gradients), sharded t ways but
     # for the inputs that sequence parallelism gathers whole (attention's, the MLP's)
     elem = 1 if train.float8 else 2
@@ -335,13 +352,7 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) ->
         if p > 1:  # a stage's layers stay gathered, gradients accumulated unsharded in fp32
             weight = 1 if train.fp8_gather else 2
             gathered = params / tp * (weight + 4) if d > 1 else 0.0
-            if layout.schedule == "gpipe":
-                flight = layout.micro
-            elif layout.v > 1:
-                chunks = min(layout.micro * layout.v, (layout.v - 1) * p + 2 * (p - 1 - r) + 1)
-                flight = chunks / layout.v
-            else:
-                flight = min(layout.micro, p - r)
+            flight = in_flight(layout, r)
         else:  # two layers gathered (the one computing, the one prefetched) with their
             # gradients in bf16 and fp32, and the root's embedding and lm_head
             root = (shape.embedding_params + shape.head_params) / tp
