@@ -42,14 +42,20 @@ def test_unreadable_files_are_found_and_named(tmp_path, monkeypatch):
 
 def test_a_jpeg_cut_short_is_found_without_decoding_it(tmp_path):
     """PIL's verify reads a JPEG's header only: a download cut short passes it, and is found by
-    its missing end-of-image marker; a whole JPEG, and one padded after its marker, pass."""
-    pixels = np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)
-    whole, cut, padded = (tmp_path / f"{n}.jpg" for n in ("whole", "cut", "padded"))
+    its missing end-of-image marker; a whole JPEG passes, and so does one carrying more after
+    its marker than the end searched (a phone's motion photo appends a video): it decodes."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
+    names = ("whole", "cut", "padded", "motion")
+    whole, cut, padded, motion = (tmp_path / f"{n}.jpg" for n in names)
     Image.fromarray(pixels).save(whole)
     data = whole.read_bytes()
     cut.write_bytes(data[: len(data) - 200])
     padded.write_bytes(data + bytes(100))
-    assert images.problem(str(whole)) is None and images.problem(str(padded)) is None
+    motion.write_bytes(data + rng.integers(0, 255, 3 * images.JPEG_TAIL, dtype=np.uint8).tobytes())
+    assert not images._ends_jpeg(str(motion))  # so decoding decided
+    for fine in (whole, padded, motion):
+        assert images.problem(str(fine)) is None, fine.name
     assert images.problem(str(cut)).startswith("truncated JPEG: no end-of-image marker")
 
 

@@ -48,10 +48,23 @@ def problem(path: str) -> str | None:
         why = str(e).replace(f" '{path}'", "")  # PIL names the file: it is named already
         return f"{type(e).__name__}: {why}".strip()[:120]
     # PIL's verify reads a JPEG's header only; a download cut short (the commonest damage)
-    # loses the scan's end and its end-of-image marker, so look for the marker at the end
-    if kind == "JPEG" and not _ends_jpeg(path):
+    # loses the scan's end and its end-of-image marker, so look for the marker at the end. A
+    # whole JPEG may carry more after it (a phone's motion photo appends a video): where the
+    # end holds no marker, decoding the pixels decides
+    if kind == "JPEG" and not _ends_jpeg(path) and not _decodes(path):
         return "truncated JPEG: no end-of-image marker (the file was cut short)"
     return None
+
+
+def _decodes(path: str) -> bool:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except Exception:  # PIL: "image file is truncated" and the like
+        return False
+    return True
 
 
 def _ends_jpeg(path: str) -> bool:
