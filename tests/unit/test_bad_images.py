@@ -40,23 +40,35 @@ def test_unreadable_files_are_found_and_named(tmp_path, monkeypatch):
     assert images.named(bad, str(root)).endswith("; and 1 more")
 
 
-def test_a_jpeg_cut_short_is_found_without_decoding_it(tmp_path):
+def test_a_jpeg_cut_short_is_found(tmp_path, monkeypatch):
     """PIL's verify reads a JPEG's header only: a download cut short passes it, and is found by
-    its missing end-of-image marker; a whole JPEG passes, and so does one carrying more after
-    its marker than the end searched (a phone's motion photo appends a video): it decodes."""
+    its missing end-of-image marker, then decoded to be sure; a whole JPEG passes without being
+    decoded, and so does one carrying more after its marker than the end searched (a phone's
+    motion photo appends a video) once it decodes; a multi-picture JPEG (MPO) cut short too."""
+    decoded = []
+    undecodable = images._undecodable
+    monkeypatch.setattr(images, "_undecodable", lambda p: decoded.append(p) or undecodable(p))
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
-    names = ("whole", "cut", "padded", "motion")
-    whole, cut, padded, motion = (tmp_path / f"{n}.jpg" for n in names)
+    names = ("whole", "cut", "padded", "motion", "multi", "multi_cut")
+    whole, cut, padded, motion, multi, multi_cut = (tmp_path / f"{n}.jpg" for n in names)
     Image.fromarray(pixels).save(whole)
     data = whole.read_bytes()
     cut.write_bytes(data[: len(data) - 200])
     padded.write_bytes(data + bytes(100))
-    motion.write_bytes(data + rng.integers(0, 255, 3 * images.JPEG_TAIL, dtype=np.uint8).tobytes())
-    assert not images._ends_jpeg(str(motion))  # so decoding decided
-    for fine in (whole, padded, motion):
+    tail = rng.integers(0, 256, 3 * images.JPEG_TAIL, dtype=np.uint8).tobytes()
+    motion.write_bytes(data + tail.replace(b"\xff\xd9", b"\x00\x00"))  # no marker at its end
+    Image.fromarray(pixels).save(
+        multi, "MPO", save_all=True, append_images=[Image.fromarray(pixels)]
+    )
+    multi_cut.write_bytes(multi.read_bytes()[: multi.stat().st_size // 4])
+    for fine in (whole, padded, multi):
         assert images.problem(str(fine)) is None, fine.name
-    assert images.problem(str(cut)).startswith("truncated JPEG: no end-of-image marker")
+    assert decoded == []
+    assert images.problem(str(motion)) is None and decoded == [str(motion)]
+    for bad in (cut, multi_cut):
+        why = images.problem(str(bad))
+        assert why and why.startswith("no end-of-image marker, and OSError"), (bad.name, why)
 
 
 def run(tmp_path, root, *sets):
@@ -99,7 +111,7 @@ def test_the_launch_hands_its_findings_to_its_workers(tmp_path, monkeypatch):
     folder again; a folder it did not check (another file count) is checked by the worker."""
     root = image_folder(tmp_path / "imgs", corrupt=["a/3.png"])
     paths = sorted(str(p) for p in root.rglob("*.png"))
-    monkeypatch.delenv(images.HANDED, raising=False)  # restored after the test
+    monkeypatch.setenv(images.HANDED, "")  # hand_down's value undone after the test
     monkeypatch.setattr(images, "_checked", {})
     found = images.bad_files(str(root), paths)
     images.hand_down(tmp_path)
@@ -110,3 +122,14 @@ def test_the_launch_hands_its_findings_to_its_workers(tmp_path, monkeypatch):
     assert images.bad_files(str(root), paths) == found == [(str(root / "a/3.png"), found[0][1])]
     assert read == []
     assert images.bad_files(str(root), paths[:-1]) == [] and read == [15]
+
+
+def test_a_mended_folder_is_checked_again_by_the_next_run(tmp_path, capsys):
+    """In one Python process (a notebook): a file mended after a run is not refused by the
+    next run on an old finding."""
+    root = image_folder(tmp_path / "imgs", corrupt=["b/7.png"])
+    assert run(tmp_path / "first", root, "data.bad_images=skip") == 0
+    assert "skipped 1 image of 16" in capsys.readouterr().out
+    pixels = np.random.default_rng(1).integers(0, 255, (20, 20), dtype=np.uint8)
+    Image.fromarray(pixels).save(root / "b" / "7.png")
+    assert run(tmp_path / "second", root) == 0

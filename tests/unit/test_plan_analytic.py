@@ -141,6 +141,12 @@ def test_pipeline_memory_by_schedule():
         # 16 layers' saved inputs a micro-batch in flight, and the stage's output kept until
         # its backward: under full AC as big as one layer's input
         assert m["activation_bytes"] == pytest.approx((16 + 1) * flight * per_mb_layer)
+    # interleaved, 2 stages a rank: the first rank's 23 chunk-micro-batches of 8 layers in
+    # flight (torch's warm-up (v-1)p + 2(p-1) forwards, and one more), each with its output
+    layout = Layout(512, tp=8, pp=8, schedule="interleaved", stages_per_rank=2, microbatches=16)
+    m = analytic.memory_terms(B405, H100, layout, train)
+    assert m["rank"] == 0
+    assert m["activation_bytes"] == pytest.approx((16 * 23 / 2 + 23) * per_mb_layer)
     assert analytic.rank_layers(B405, Layout(512, tp=8, pp=8)) == [16] * 6 + [15, 15]
 
 
@@ -156,14 +162,16 @@ def test_hardware_profiles():
     sheet = {k: 1 for k in hardware._NUMBERS} | {"power_w": 500, "rated_power_w": 700}
     rule = hardware.from_dict({"datasheet": sheet, "derate": {k: 0.5 for k in hardware._DERATES}})
     assert rule.clock == pytest.approx((500 / 700) ** (1 / 3))
-    with pytest.raises(UserError, match="power.static_w"):
-        hardware.from_dict(
-            {
-                "datasheet": sheet,
-                "derate": {k: 0.5 for k in hardware._DERATES},
-                "power": {"static_w": 600},
-            }
-        )
+    derate = {k: 0.5 for k in hardware._DERATES}
+    for power, message in (
+        ({"static_w": 600}, r"power.static_w must lie in \[0, 500\)"),
+        ({"exponent": float("nan")}, "power.exponent must be a number above 0"),
+        ({"exponnent": 2}, r"\[power\] holds static_w and exponent only"),
+    ):
+        with pytest.raises(UserError, match=message):
+            hardware.from_dict({"datasheet": sheet, "derate": derate, "power": power})
+    with pytest.raises(UserError, match="datasheet.power_w must be above 0"):
+        hardware.from_dict({"datasheet": sheet | {"power_w": 0}, "derate": derate})
     assert H100.clock == 1
     with pytest.raises(UserError, match="no profile"):
         hardware.load("h900")

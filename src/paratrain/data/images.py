@@ -34,6 +34,8 @@ HANDED = "PARATRAIN_CHECKED_IMAGES"
 
 JPEG_TAIL = 4096
 """Bytes at a JPEG's end searched for its end-of-image marker (some writers pad after it)."""
+JPEG_KINDS = ("JPEG", "MPO")
+"""PIL's names for JPEG files (MPO: a multi-picture JPEG, as Ultra HDR photos are)."""
 
 
 def problem(path: str) -> str | None:
@@ -41,36 +43,46 @@ def problem(path: str) -> str | None:
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with open(path, "rb") as f, Image.open(f) as image:  # one open: a network disk's cost
             kind = image.format
             image.verify()
+            # PIL's verify reads a JPEG's header only; a download cut short (the commonest
+            # damage) loses the scan's end and its end-of-image marker: look for it at the end
+            ends = kind not in JPEG_KINDS or _ends_jpeg(f)
     except Exception as e:  # PIL's readers raise OSError, SyntaxError, struct.error, ...
-        why = str(e).replace(f" '{path}'", "")  # PIL names the file: it is named already
-        return f"{type(e).__name__}: {why}".strip()[:120]
-    # PIL's verify reads a JPEG's header only; a download cut short (the commonest damage)
-    # loses the scan's end and its end-of-image marker, so look for the marker at the end. A
-    # whole JPEG may carry more after it (a phone's motion photo appends a video): where the
-    # end holds no marker, decoding the pixels decides
-    if kind == "JPEG" and not _ends_jpeg(path) and not _decodes(path):
-        return "truncated JPEG: no end-of-image marker (the file was cut short)"
-    return None
+        return _why(e, path)
+    # a whole JPEG may carry more after its marker (a phone's motion photo appends a video):
+    # where the end holds none, decoding the pixels decides
+    return None if ends else _undecodable(path)
 
 
-def _decodes(path: str) -> bool:
+def _undecodable(path: str) -> str | None:
+    """-> why a JPEG without an end marker does not decode, or None when it does."""
     from PIL import Image
 
     try:
         with Image.open(path) as image:
             image.load()
-    except Exception:  # PIL: "image file is truncated" and the like
-        return False
-    return True
+    except Exception as e:  # PIL: "image file is truncated" and the like
+        return f"no end-of-image marker, and {_why(e, path)}"
+    return None
 
 
-def _ends_jpeg(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(max(0, os.path.getsize(path) - JPEG_TAIL))
-        return b"\xff\xd9" in f.read()
+def _why(e: Exception, path: str) -> str:
+    why = str(e).replace(f" '{path}'", "")  # PIL names the file: it is named already
+    return f"{type(e).__name__}: {why}".strip()[:120]
+
+
+def _ends_jpeg(f) -> bool:
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - JPEG_TAIL))
+    return b"\xff\xd9" in f.read()
+
+
+def clear() -> None:
+    """Forget the folders checked (a next run in this process checks them again: a file may
+    have been mended in between)."""
+    _checked.clear()
 
 
 def _problems(paths: Sequence[str]) -> list[str | None]:
@@ -118,7 +130,10 @@ def hand_down(folder: Path) -> None:
     if not _checked:
         return
     path = Path(folder) / "checked_images.json"
-    path.write_text(json.dumps([[root, n, bad] for (root, n), bad in _checked.items()]))
+    try:
+        path.write_text(json.dumps([[root, n, bad] for (root, n), bad in _checked.items()]))
+    except OSError:  # best effort: without it each worker checks the folder itself
+        return
     os.environ[HANDED] = str(path)
 
 

@@ -360,9 +360,11 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Layout, train: Training) ->
             gathered = layers_gathered + root * 2 + shape.head_params / tp * 6 if d > 1 else 0.0
             flight = 1
         acts = layers * flight * tokens_mb * saved / tp
-        if p > 1 and not last:  # each chunk-micro-batch's stage output, kept until its
-            # backward (torch's PipelineStage; measured: benchmarks/results/2026-12-06-cpu/pp_memory)
-            acts += flight * layout.v * tokens_mb * 2 * h / tp
+        if p > 1:  # each chunk-micro-batch's stage output, kept until its backward (torch's
+            # PipelineStage; measured: benchmarks/results/2026-12-06-cpu/pp_memory); the last
+            # stage's is the logits (the peak term), one chunk in flight at a time
+            kept = flight * layout.v - (1 if last else 0)
+            acts += kept * tokens_mb * 2 * h / tp
         peak = tokens_mb * working
         if last:
             per_logit = FUSED_LOGIT_BYTES if train.fused_loss else LOGIT_BYTES

@@ -6,6 +6,7 @@ benchmarks/device/issue52.sh)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,22 @@ def load(name_or_path: str) -> Hardware:
     return from_dict(data, str(path))
 
 
+def _power_curve(power, sheet: dict, where: str) -> tuple[float, float]:
+    """[power]'s static_w and exponent, checked (the cube-root rule where it is absent)."""
+    for key in ("power_w", "rated_power_w"):
+        if not float(sheet[key]) > 0:
+            raise UserError(f"hardware profile {where}: datasheet.{key} must be above 0")
+    if not isinstance(power, dict) or set(power) - {"static_w", "exponent"}:
+        raise UserError(f"hardware profile {where}: [power] holds static_w and exponent only")
+    static, exponent = float(power.get("static_w", 0.0)), float(power.get("exponent", 3.0))
+    below = min(float(sheet["power_w"]), float(sheet["rated_power_w"]))
+    if not 0 <= static < below:
+        raise UserError(f"hardware profile {where}: power.static_w must lie in [0, {below:g})")
+    if not (math.isfinite(exponent) and exponent > 0):
+        raise UserError(f"hardware profile {where}: power.exponent must be a number above 0")
+    return static, exponent
+
+
 def from_dict(data: dict, where: str = "profile") -> Hardware:
     sheet, derate = data.get("datasheet", {}), data.get("derate", {})
     missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
@@ -130,16 +147,7 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
         bad = [k for k in bad if k != "matmul_fp8"]
     if bad:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
-    power = data.get("power", {})
-    static, exponent = float(power.get("static_w", 0.0)), float(power.get("exponent", 3.0))
-    if (
-        not 0 <= static < min(float(sheet["power_w"]), float(sheet["rated_power_w"]))
-        or exponent <= 0
-    ):
-        raise UserError(
-            f"hardware profile {where}: power.static_w must lie below power_w and "
-            "power.exponent above 0"
-        )
+    static, exponent = _power_curve(data.get("power", {}), sheet, where)
     return Hardware(
         name=data.get("name", Path(where).stem),
         static_w=static,

@@ -139,6 +139,7 @@ def check_images(d) -> None:
     """Every file of the ImageFolder(s) opened and verified (data/images.py), once, before any
     process starts: data.bad_images=error refuses the run naming them; skip says how many the
     run leaves out."""
+    images.clear()  # this run's files as they are now
     for key, root in (("data.path", d.path), ("data.val_path", d.val_path)):
         if not root:
             continue
