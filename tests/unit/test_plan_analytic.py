@@ -230,6 +230,13 @@ def test_cli_validate_and_layouts(capsys):
     assert main(["plan", "--hardware", "h100-sxm", "--shape", "llama3.1-70b", "--gpus", "64"]) == 0
     out = capsys.readouterr().out
     assert "| 64 |" in out and "TP 8" in out
+    assert "at 500 W" not in out and out.rstrip().endswith("h100-sxm.toml")
+    assert (
+        main(["plan", "--hardware", "h100-hbm2e-500w", "--shape", "llama3.1-8b", "--gpus", "8"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "at 500 W of 700: the compute rates x 0.833" in out
     assert main(["plan", "--validate", "nope"]) == 2
     assert "--validate: unknown" in capsys.readouterr().err
     # one line each, exit 2: no shape, not a Llama shape, a recipe's flag, a flag without its mode

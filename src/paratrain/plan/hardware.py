@@ -46,6 +46,7 @@ class Hardware:
     # power_w is below its rated_power_w states what was measured instead.
     static_w: float = 0.0
     power_exponent: float = 3.0
+    path: str = ""  # the file it was read from
 
     @property
     def clock(self) -> float:
@@ -150,6 +151,7 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
     static, exponent = _power_curve(data.get("power", {}), sheet, where)
     return Hardware(
         name=data.get("name", Path(where).stem),
+        path=where,
         static_w=static,
         power_exponent=exponent,
         description=data.get("description", ""),

@@ -54,5 +54,11 @@ def run_layouts(
         f"; {hw.memory_gib:g} GiB a GPU; each scale weighs every TP (within a node) x PP x "
         "FSDP / HSDP / DDP cut, pipeline schedule, micro-batch count and AC mode"
     )
-    print(f"  hardware derates and their sources: {hardware.PROFILES / (hw.name + '.toml')}")
+    if hw.power_w < hw.rated_power_w:
+        print(
+            f"  at {hw.power_w:g} W of {hw.rated_power_w:g}: the compute rates x {hw.clock:.3f}, "
+            f"the clock a power curve of {hw.static_w:g} W static and exponent "
+            f"{hw.power_exponent:g} allows (sources.power in the profile says where it is from)"
+        )
+    print(f"  hardware derates and their sources: {hw.path}")
     return 0
