@@ -170,6 +170,8 @@ def test_hardware_profiles():
     ):
         with pytest.raises(UserError, match=message):
             hardware.from_dict({"datasheet": sheet, "derate": derate, "power": power})
+    with pytest.raises(UserError, match="datasheet.power_w must be a number, got 'abc'"):
+        hardware.from_dict({"datasheet": sheet | {"power_w": "abc"}, "derate": derate})
     with pytest.raises(UserError, match="datasheet.power_w must be above 0"):
         hardware.from_dict({"datasheet": sheet | {"power_w": 0}, "derate": derate})
     assert H100.clock == 1

@@ -121,6 +121,17 @@ def load(name_or_path: str) -> Hardware:
     return from_dict(data, str(path))
 
 
+def _number(table: dict, key: str, name: str, where: str):
+    """A profile's value as a float (a text value such as gpus_per_node's stays as it is
+    where it is no number: only the numbers the plan reads are asked to be)."""
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        if key in (*_NUMBERS, *_DERATES, "static_w", "exponent"):
+            raise UserError(f"hardware profile {where}: {name} must be a number, got {value!r}")
+        return value
+    return float(value)
+
+
 def _power_curve(power, sheet: dict, where: str) -> tuple[float, float]:
     """[power]'s static_w and exponent, checked (the cube-root rule where it is absent)."""
     for key in ("power_w", "rated_power_w"):
@@ -142,13 +153,18 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
     missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
     if missing:
         raise UserError(f"hardware profile {where}: missing {', '.join(missing)}")
+    power = data.get("power", {})
+    sheet = {k: _number(sheet, k, f"datasheet.{k}", where) for k in sheet}
+    derate = {k: _number(derate, k, f"derate.{k}", where) for k in derate}
+    if isinstance(power, dict):
+        power = {k: _number(power, k, f"power.{k}", where) for k in power}
     # a rate the plan divides by must be there; float8's only where the GPU has float8
     bad = [k for k in _DERATES if not 0 < float(derate[k]) <= 1]
     if not float(sheet["fp8_tflops"]) and 0 <= float(derate["matmul_fp8"]) <= 1:
         bad = [k for k in bad if k != "matmul_fp8"]
     if bad:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
-    static, exponent = _power_curve(data.get("power", {}), sheet, where)
+    static, exponent = _power_curve(power, sheet, where)
     return Hardware(
         name=data.get("name", Path(where).stem),
         path=where,
