@@ -135,12 +135,12 @@ def _number(table: dict, key: str, name: str, where: str):
 def _power_curve(power, sheet: dict, where: str) -> tuple[float, float]:
     """[power]'s static_w and exponent, checked (the cube-root rule where it is absent)."""
     for key in ("power_w", "rated_power_w"):
-        if not float(sheet[key]) > 0:
+        if not sheet[key] > 0:
             raise UserError(f"hardware profile {where}: datasheet.{key} must be above 0")
     if not isinstance(power, dict) or set(power) - {"static_w", "exponent"}:
         raise UserError(f"hardware profile {where}: [power] holds static_w and exponent only")
-    static, exponent = float(power.get("static_w", 0.0)), float(power.get("exponent", 3.0))
-    below = min(float(sheet["power_w"]), float(sheet["rated_power_w"]))
+    static, exponent = power.get("static_w", 0.0), power.get("exponent", 3.0)
+    below = min(sheet["power_w"], sheet["rated_power_w"])
     if not 0 <= static < below:
         raise UserError(f"hardware profile {where}: power.static_w must lie in [0, {below:g})")
     if not (math.isfinite(exponent) and exponent > 0):
@@ -159,8 +159,8 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
     if isinstance(power, dict):
         power = {k: _number(power, k, f"power.{k}", where) for k in power}
     # a rate the plan divides by must be there; float8's only where the GPU has float8
-    bad = [k for k in _DERATES if not 0 < float(derate[k]) <= 1]
-    if not float(sheet["fp8_tflops"]) and 0 <= float(derate["matmul_fp8"]) <= 1:
+    bad = [k for k in _DERATES if not 0 < derate[k] <= 1]
+    if not sheet["fp8_tflops"] and 0 <= derate["matmul_fp8"] <= 1:
         bad = [k for k in bad if k != "matmul_fp8"]
     if bad:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
@@ -173,6 +173,6 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
         description=data.get("description", ""),
         gpus_per_node=int(sheet.get("gpus_per_node", 8)),
         sources=dict(data.get("sources", {})),
-        **{k: float(sheet[k]) for k in _NUMBERS},
-        **{k: float(derate[k]) for k in _DERATES},
+        **{k: sheet[k] for k in _NUMBERS},
+        **{k: derate[k] for k in _DERATES},
     )
