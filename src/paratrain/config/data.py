@@ -49,7 +49,7 @@ class DataConfig:
     package: no download); text-labels (a CSV or JSONL file at path with text and label
     columns)."""
     path: str | None = None
-    """MNIST IDX folder, ImageFolder root, or a text data set: JSON / JSONL / Parquet file or hub name."""
+    """MNIST IDX folder, ImageFolder root, or a text data set: JSON / JSONL / CSV / Parquet file or hub name."""
     val_path: str | None = None
     """ImageFolder root of held-out images; without it val_fraction of path is held out."""
     val_fraction: float = 0.1

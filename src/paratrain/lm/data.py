@@ -11,7 +11,6 @@ previous example.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch.utils.data import Dataset
 
 from paratrain.errors import DataError
 from paratrain.lm.formats import FORMATS
+from paratrain.lm.records import place_of, read_file
 
 IGNORE = -100
 
@@ -29,32 +29,19 @@ def check_path(path: str) -> None:
     p = Path(path)
     if not p.is_file() and (p.exists() or path.startswith((".", "/")) or "/" not in path):
         raise DataError(
-            f"data.path: no such file {path} (JSON, JSONL or Parquet), nor a hub name like org/name"
+            f"data.path: no such file {path} (JSON, JSONL, CSV or Parquet), nor a hub name like org/name"
         )
 
 
+_KINDS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
 def read_records(path: str, split: str = "train") -> list[dict]:
-    """JSON (a list of records), JSONL or Parquet on disk; otherwise a datasets hub name."""
+    """JSON (a list of records), JSONL, CSV or Parquet on disk, each record knowing its line or
+    row (lm/records.py); otherwise a datasets hub name."""
     p = Path(path)
     if p.is_file():
-        try:
-            if p.suffix == ".parquet":
-                import pyarrow.parquet as pq
-
-                return pq.read_table(p).to_pylist()
-            text = p.read_text()
-            if not text.strip():
-                raise DataError(f"data.path: {p} is empty (no records)")
-            if p.suffix == ".jsonl":
-                return jsonl_records(p, text)
-            data = json.loads(text)
-        except (json.JSONDecodeError, OSError, ValueError) as e:
-            if isinstance(e, DataError):
-                raise
-            raise DataError(f"data.path: cannot read {p} ({str(e).splitlines()[0]})") from None
-        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise DataError(f"data.path: {p} must hold a list of records (objects)")
-        return data
+        return read_file(p, _KINDS.get(p.suffix, "json"))
     check_path(path)
     try:
         import datasets
@@ -68,27 +55,6 @@ def read_records(path: str, split: str = "train") -> list[dict]:
         raise DataError(
             f"data.path: cannot load hub data set {path} ({str(e).splitlines()[0][:200]})"
         ) from None
-
-
-def jsonl_records(p: Path, text: str) -> list[dict]:
-    """One JSON object a line; a bad line is named by the file's own 1-based line number."""
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"data.path: {p} line {number}: not JSON ({e.msg} at column {e.colno})"
-            ) from None
-        if not isinstance(record, dict):
-            kind = {list: "an array", str: "a string"}.get(type(record), type(record).__name__)
-            raise DataError(
-                f"data.path: {p} line {number}: {kind}, not a record (one JSON object a line)"
-            )
-        records.append(record)
-    return records
 
 
 def text_documents(source: str, path: str | None) -> list[str]:
@@ -134,7 +100,8 @@ def tokenize(
     records: list[dict], fmt: str, tokenizer, *, max_length: int, truncation: bool, where: str
 ):
     """-> list of (input_ids, labels): BOS + segments + EOS, untrained segments labelled -100."""
-    segmented = [FORMATS[fmt](r, f"{where} record {i}") for i, r in enumerate(records)]
+    places = [f"{where} {place_of(r, i)}" for i, r in enumerate(records)]
+    segmented = [FORMATS[fmt](r, place) for r, place in zip(records, places, strict=True)]
     texts = [text for segs in segmented for text, _ in segs]
     encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter([])
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -150,7 +117,7 @@ def tokenize(
         if len(ids) > max_length:
             if not truncation:
                 raise DataError(
-                    f"{where} record {i}: {len(ids)} tokens exceed data.max_length={max_length}; "
+                    f"{places[i]}: {len(ids)} tokens exceed data.max_length={max_length}; "
                     "raise data.max_length or set data.truncation=true"
                 )
             ids, labels = ids[:max_length], labels[:max_length]

@@ -15,14 +15,13 @@ vaderSentiment, textblob; nltk's corpora are a separate download).
 from __future__ import annotations
 
 import ast
-import csv
-import json
 import sysconfig
 from pathlib import Path
 
 import torch
 
 from paratrain.errors import DataError
+from paratrain.lm.records import Record, read_file
 
 PACKAGES = (
     "asyncio",
@@ -60,28 +59,36 @@ def stdlib_docstrings() -> tuple[list[str], list[int], list[str]]:
 
 def read_labelled(path: str) -> tuple[list[str], list[int], list[str]]:
     """A CSV (with a header) or JSONL file with `text` and `label` columns -> (texts, label ids,
-    label names). Labels are names or integers; ids follow their sorted order."""
+    label names). Labels are names or integers; ids follow their sorted order. A bad record is
+    named by its line in the file (lm/records.py)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.path: no such file {path} (CSV or JSONL with text and label)")
-    try:
-        if p.suffix == ".csv":
-            with open(p, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
-        else:
-            rows = [json.loads(line) for line in p.read_text("utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as e:
-        raise DataError(f"data.path: cannot read {p} ({str(e).splitlines()[0][:160]})") from None
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or "text" not in row or "label" not in row:
-            raise DataError(f"data.path: {p} row {i + 1} has no `text` and `label` columns")
+    rows = read_file(p, "csv" if p.suffix == ".csv" else "jsonl")
+    for row in rows:
+        _labelled(p, row)
     raw = [row["label"] for row in rows]
     numeric = all(isinstance(v, int) or str(v).lstrip("-").isdigit() for v in raw)
     names = sorted({str(v) for v in raw}, key=int if numeric else str)
     if len(names) < 2:
         raise DataError(f"data.path: {p} has {len(names)} distinct label(s); classes need >= 2")
     ids = {name: i for i, name in enumerate(names)}
-    return [str(row["text"]) for row in rows], [ids[str(v)] for v in raw], names
+    return [row["text"] for row in rows], [ids[str(v)] for v in raw], names
+
+
+def _labelled(p: Path, row: Record) -> None:
+    """A row's text is text and its label a name or an integer; else one line naming the row."""
+    for field, types in (("text", (str,)), ("label", (str, int))):
+        if field not in row:
+            has = ", ".join(sorted(map(str, row))) or "none"
+            raise DataError(f"data.path: {p} {row.place}: missing field {field!r} (has: {has})")
+        value = row[field]
+        if not isinstance(value, types) or isinstance(value, bool):
+            want = "text" if field == "text" else "a name or an integer"
+            raise DataError(
+                f"data.path: {p} {row.place}: field {field!r} must be {want}, "
+                f"got {type(value).__name__}"
+            )
 
 
 def held_out_split(n: int, fraction: float) -> tuple[list[int], list[int]]:
