@@ -9,10 +9,11 @@ is named, and `checkpoint.resume=auto` falls back to the previous good one.
 
 DCP's own loading unpickles its `.metadata` file and reads non-tensor values (optimizer
 hyper-parameters) with torch.load(weights_only=False): a checkpoint from someone else could run
-anything on every rank. Here `.metadata` is first read by an unpickler that builds only DCP's
-metadata classes, and every non-tensor value passes torch.load(weights_only=True) before DCP
-sees it; paratrain's own files (train_state.pt, rng_rank*.pt) hold tensors and plain types and
-load with weights_only=True.
+anything on every rank. Here `.metadata` is read, by every check and every load, by an
+unpickler that builds only an exact list of DCP's metadata classes (safe_reader), and every
+non-tensor value passes torch.load(weights_only=True) before DCP sees it; paratrain's own files
+(train_state.pt, rng_rank*.pt, replica_rank*.pt) hold tensors and plain types and load with
+weights_only=True. A refusal names the file and the global or opcode it asked for.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import io
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -86,27 +88,66 @@ def problem(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
 
 # ---------------------------------------------------------------------------- no code on load
 
-# What DCP's .metadata pickles (torch 2.11 - 2.14): its dataclasses, sizes, dtypes, paths.
-_ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
+# What DCP's .metadata pickles (torch 2.11 - 2.14): its dataclasses, sizes, dtypes, layouts,
+# paths. Exact (module, name) pairs: a prefix would let `module.os.system`-style dotted names
+# (protocol 4 resolves them attribute by attribute) reach anything the module imported.
+_METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
+    *(
+        (_METADATA, name)
+        for name in (
+            "Metadata",
+            "StorageMeta",
+            "MetadataIndex",
+            "ChunkStorageMetadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
     ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
     ("collections", "OrderedDict"),
 }
+_DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes and plain values only. Every opcode that reaches a callable
+    (GLOBAL, STACK_GLOBAL, INST, and EXT1/2/4 through copyreg's registry) asks find_class
+    first; REDUCE, BUILD, OBJ and NEWOBJ then only ever see what it returned; a persistent id
+    has no loader here and fails."""
+
     def find_class(self, module: str, name: str):
-        if (
-            module.startswith(_ALLOWED_MODULES)
-            or (module, name) in _ALLOWED
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        ):
+        if (module, name) in _ALLOWED or (module == "torch" and name in _DTYPES):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise pickle.UnpicklingError(f"the global {name} of {module}")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError(f"a persistent id ({repr(pid)[:60]})")
+
+
+def read_metadata(meta: Path):
+    """DCP's .metadata, built by _MetadataUnpickler -> the Metadata object; UnsafeCheckpoint
+    naming the file and the global it asked for."""
+    try:
+        with open(meta, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpoint(
+            f"{meta.parent.name}/{meta.name} asks for {e}, which loading would run; refused"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
+        raise UnsafeCheckpoint(
+            f"{meta.parent.name}/{meta.name} is unreadable ({type(e).__name__})"
+        ) from None
 
 
 def unsafe_metadata(folder: Path) -> str | None:
@@ -115,13 +156,43 @@ def unsafe_metadata(folder: Path) -> str | None:
     if not meta.is_file():
         return f"{folder.name} has no .metadata (not a torch.distributed.checkpoint folder)"
     try:
-        with open(meta, "rb") as f:
-            _MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as e:
-        return f"{folder.name}/.metadata asks to build {e}, which loading would run; refused"
-    except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
-        return f"{folder.name}/.metadata is unreadable ({type(e).__name__})"
+        read_metadata(meta)
+    except UnsafeCheckpoint as e:
+        return str(e)
     return None
+
+
+def safe_reader(folder: Path):
+    """DCP's FileSystemReader with its .metadata read by _MetadataUnpickler (DCP's own reader
+    unpickles it with pickle.load): every DCP load here goes through one."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_metadata(Path(self.path) / ".metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(folder))
+
+
+def refusal(error: Exception) -> str:
+    """torch.load(weights_only=True)'s refusal in a few words: the global it was asked for or
+    the pickle opcode it does not run (its message is a paragraph of advice)."""
+    import pickletools
+
+    text = str(error)
+    for line in text.splitlines():
+        if "GLOBAL" in line:
+            return line.strip().removeprefix("Trying to load ").rstrip(".")
+        if line.startswith("Unsupported operand"):
+            code = int(line.split()[-1]) if line.split()[-1].isdigit() else None
+            names = {ord(op.code): op.name for op in pickletools.opcodes}
+            return f"pickle opcode {names.get(code, code)}"
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def _trusted_classes() -> list:
@@ -145,20 +216,41 @@ def trusted():
     return contextlib.nullcontext()
 
 
-def checked_bytes(value: io.BytesIO) -> io.BytesIO:
-    """A DCP non-tensor value, refused unless torch.load(weights_only=True) reads it (with
-    only _trusted_classes added)."""
+def checked_bytes(value: io.BytesIO, name: str) -> io.BytesIO:
+    """A DCP non-tensor value (`name`), refused unless torch.load(weights_only=True) reads it
+    (with only _trusted_classes added)."""
     try:
-        with trusted():
+        with trusted(), warnings.catch_warnings():  # a forged value's protocol: refused below
+            warnings.simplefilter("ignore", UserWarning)
             torch.load(value, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(str(e).splitlines()[0][:200]) from None
+        raise UnsafeCheckpoint(
+            f"its value {name} asks for {refusal(e)}, which loading would run; refused"
+        ) from None
     value.seek(0)
     return value
 
 
 class UnsafeCheckpoint(Exception):
     pass
+
+
+@contextlib.contextmanager
+def unwrapped():
+    """DCP's reads inside: DCP wraps what a rank raised in a CheckpointException (a
+    BaseException, past `except Exception`); out of here comes the rank's own exception, a
+    refusal as the UnsafeCheckpoint it was."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        raised = [exc for exc, _ in e.failures.values()]
+        refused = next((x for x in raised if isinstance(x, UnsafeCheckpoint)), None)
+        first = refused or next((x for x in raised if isinstance(x, Exception)), None)
+        if first is None:
+            raise
+        raise first from None
 
 
 def safe_planners():
@@ -171,17 +263,15 @@ def safe_planners():
 
     class SafeLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
-            super().load_bytes(read_item, checked_bytes(value))
+            super().load_bytes(read_item, checked_bytes(value, read_item.dest_index.fqn))
 
     class SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
         def load_bytes(self, read_item, value):
-            super().load_bytes(read_item, checked_bytes(value))
+            super().load_bytes(read_item, checked_bytes(value, read_item.dest_index.fqn))
 
     return SafeLoadPlanner, SafeEmptyPlanner
 
 
 def checkpoint_keys(folder: Path) -> set[str]:
     """The tensor and value names a checkpoint holds (after unsafe_metadata passed)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return set(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    return set(safe_reader(folder).read_metadata().state_dict_metadata)

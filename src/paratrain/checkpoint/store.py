@@ -147,11 +147,13 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 def _load_plain(path: Path) -> Any:
     """paratrain's own files of a checkpoint: tensors and plain types only."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a forged file's protocol: refused below, not warned of
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise UserError(
-            f"checkpoint.resume: {path} holds objects beyond tensors and plain values, which "
-            f"loading would run; refused ({str(e).splitlines()[0][:120]})"
+            f"checkpoint.resume: {path} asks for {integrity.refusal(e)}, which loading would "
+            "run; refused"
         ) from None
 
 
@@ -335,12 +337,15 @@ def load_checkpoint(
     wanted = {"model": model_state, "optimizer": optim_state}
     planner, _ = integrity.safe_planners()
     try:
-        dcp.load(wanted, checkpoint_id=path, planner=planner(), no_dist=not dist.is_initialized())
+        with integrity.unwrapped():
+            dcp.load(
+                wanted,
+                storage_reader=integrity.safe_reader(path),
+                planner=planner(),
+                no_dist=not dist.is_initialized(),
+            )
     except integrity.UnsafeCheckpoint as e:
-        raise UserError(
-            f"checkpoint.resume: {path} holds a value that loading would run code for; refused "
-            f"({e})"
-        ) from None
+        raise UserError(f"checkpoint.resume: {path}: {e}") from None
     except Exception as e:  # DCP names the first tensor it could not find or read
         raise UserError(
             f"checkpoint.resume: {path} does not fit this model ({str(e).splitlines()[0][:200]})"
@@ -463,7 +468,6 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint as plain tensors in this process: {"model": {name: tensor}, "optimizer":
     {flattened name: value}, "loop", "scaler", "world_size", "layout", "rng": [per rank]}.
     DCP's own converter's way (format_utils), through the planner that runs no code."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     path = Path(path)
@@ -472,10 +476,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(unsafe)
     _, empty_planner = integrity.safe_planners()
     state: dict[str, Any] = {}  # filled in place, as format_utils.dcp_to_torch_save does
-    with integrity.trusted():
-        _load_state_dict(
-            state, storage_reader=FileSystemReader(path), planner=empty_planner(), no_dist=True
-        )
+    try:
+        with integrity.trusted(), integrity.unwrapped():
+            _load_state_dict(
+                state,
+                storage_reader=integrity.safe_reader(path),
+                planner=empty_planner(),
+                no_dist=True,
+            )
+    except integrity.UnsafeCheckpoint as e:
+        raise UserError(f"{path}: {e}") from None
     state.update(_load_plain(path / _TRAIN_STATE))
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank*.pt"))]
     return state
