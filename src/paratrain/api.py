@@ -17,7 +17,9 @@ Your own objects instead of a recipe's model and data (task custom, tasks/custom
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +52,36 @@ def train(
     val_data: Any = None,
     loss: Any = None,
     overwrite: bool = False,
+    trust_code: bool = False,
 ) -> dict[str, Any]:
     """Train as `paratrain run` does -> the run's result (result.json's contents). model,
     train_data (and val_data, loss): your own nn.Module, map-style Datasets of (input, target)
     and loss(output, target) instead of the recipe's (task custom). overwrite: an earlier run
-    in output_dir is replaced (`paratrain run --overwrite`), else refused."""
+    in output_dir is replaced (`paratrain run --overwrite`), else refused. trust_code: a
+    `module:function` the recipe names is imported even when it is no file of yours
+    (`paratrain run --trust-code`; objects passed here need no trust)."""
+    with _trusting(trust_code):
+        return _train(recipe, overrides, model, train_data, val_data, loss, overwrite)
+
+
+@contextlib.contextmanager
+def _trusting(trust_code: bool):
+    """--trust-code for this call: the variable its workers inherit, as it was afterwards."""
+    from paratrain.models.trust import TRUST_ENV
+
+    before = os.environ.get(TRUST_ENV)
+    if trust_code:
+        os.environ[TRUST_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = before
+
+
+def _train(recipe, overrides, model, train_data, val_data, loss, overwrite) -> dict[str, Any]:
     from paratrain.runner import execute, with_output_dir
     from paratrain.runplan import resolve
 
@@ -92,7 +119,6 @@ def _train_objects(plan, given: dict[str, Any], overwrite: bool) -> dict[str, An
     """Task custom: in this process the objects train in place; several processes get them
     pickled by value and the trained weights come back into `model` from the final
     checkpoint."""
-    import os
     import sys
     import tempfile
 

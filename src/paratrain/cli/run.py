@@ -38,6 +38,10 @@ def command(args: argparse.Namespace) -> int:
         return 0
     if args.verbose:
         os.environ["PARATRAIN_VERBOSE"] = "1"
+    if args.trust_code:  # the workers inherit it; a config cannot set it
+        from paratrain.models.trust import TRUST_ENV
+
+        os.environ[TRUST_ENV] = "1"
     recipe, overrides = args.recipe, args.overrides + _flag_overrides(args)
     if recipe is None and args.resume:  # the run's own config, the overrides on top
         done = None if args.overrides else finished_run(args.resume)
@@ -134,6 +138,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="replace an earlier run in the output folder (its plan.json, result.json, step "
         "log, TensorBoard events, checkpoints, ... are removed; other files stay); without it "
         "such a folder is refused",
+    )
+    p.add_argument(
+        "--trust-code",
+        action="store_true",
+        help="import and run the module:function a recipe or config names even when it is no "
+        "file of yours (the standard library, an installed package, a file inside a run "
+        "folder); without it such a config is refused",
     )
     p.add_argument(
         "--verbose",

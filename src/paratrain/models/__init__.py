@@ -17,6 +17,7 @@ from torch import nn
 
 from paratrain.config.model import IMAGE_MODELS, ModelConfig
 from paratrain.errors import UserError
+from paratrain.models import trust
 from paratrain.models.vision import build_mobilenet_v2, build_resnet50, build_tiny_cnn
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -37,6 +38,7 @@ def resolve_builder(name: str) -> Callable[..., nn.Module]:
     # path starts at its own script): the working directory is searched last
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
+    trust.check(module_name)  # a handed recipe or config names no code that runs unasked
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
