@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import RECIPES, TINY, final_weights, max_abs_diff, run_cli
+from conftest import RECIPES, TINY, final_weights, max_abs_diff, read_result, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -84,7 +84,18 @@ def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straig
     )
     assert f"resumed from {out / 'checkpoints' / f'step_{step:08d}'}" in resumed.stdout
     assert max_abs_diff(final_weights(out), final_weights(straight)) == 0.0
+    assert_the_result_covers_the_run(out, straight)
     assert not (straight / "flight_recorder").exists()  # no empty folder left (gloo: no dump)
+
+
+def assert_the_result_covers_the_run(out, straight) -> None:
+    """A resumed run's result is the uninterrupted run's: every epoch's loss, those before the
+    interrupt too (each rank's sum of the interrupted epoch taken back from the checkpoint);
+    its step log holds each step once."""
+    losses = [[e["train_loss"] for e in read_result(run)["epochs"]] for run in (out, straight)]
+    assert losses[0] == losses[1] and len(losses[0]) == STEPS // 16  # 16 steps an epoch
+    logged = [json.loads(x)["step"] for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, STEPS + 1))
 
 
 def test_a_worker_exception_is_a_short_report(tmp_path):

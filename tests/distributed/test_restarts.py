@@ -134,3 +134,8 @@ def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path, stopped):
     points = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     assert [p["step"] for p in points][-3:] == [4, 5, 6], points
     assert all(p["grad_norm"] > 0 and p["tokens_per_s"] > 0 for p in points), points
+    # each step once (step 3, logged before the kill, was taken again), and the result's loss
+    # over the whole run, steps 1 and 2 of the first generation included
+    assert [p["step"] for p in points] == [1, 2, 3, 4, 5, 6], points
+    s, ref = read_result(out)["summary"], read_result(stopped[1])["summary"]
+    assert s["train_loss"] == ref["train_loss"] and s["train_loss_steps"] == [1, 6]

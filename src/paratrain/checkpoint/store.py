@@ -50,6 +50,9 @@ class LoopState:
     resumed with another data-parallel size skips the same samples."""
     bad_steps: list = field(default_factory=list)
     """Steps skipped for a non-finite loss or gradient (train.max_bad_steps)."""
+    losses: dict = field(default_factory=dict)
+    """The run's losses before this step, for the result of a run resumed here: the finished
+    epochs' records and each rank's loss sum of this epoch so far (trainer/losses.py)."""
 
 
 _NAME = re.compile(r"step_(\d+)$")

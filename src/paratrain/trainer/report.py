@@ -107,11 +107,11 @@ class Reporter:
             out_dir,
             logged,
             log.tensorboard,
-            resumed=start_step > 0,
+            start_step=start_step,
             wandb=wandb if logged else None,
         )
         self.lm, self.copies, self.has_loss, self.is_main = lm, copies, has_loss, is_main
-        self.epoch_step, self.epoch_clock = start_step, 0.0
+        self.epoch_step, self.epoch_clock, self.epoch_loss = start_step, 0.0, 0.0
         self.pending: deque[Point] = deque()  # log points whose device values are on their way
 
     def open(self) -> None:
@@ -123,11 +123,13 @@ class Reporter:
             return float(self.measure.meter.tokens.item()) * self.copies
         return step * self.schedule.unique_per_step
 
-    def epoch_start(self, step: int) -> None:
+    def epoch_start(self, step: int, loss_sum: float = 0.0) -> None:
+        """loss_sum: where the epoch's sum starts (a resumed epoch's, from its checkpoint): the
+        bar and the step log show the losses of this run's steps."""
         clock = self.measure.clock
-        self.epoch_step, self.epoch_clock = step, clock.elapsed()
+        self.epoch_step, self.epoch_clock, self.epoch_loss = step, clock.elapsed(), loss_sum
         if self.steplog.enabled:
-            self.steplog.start(step, 0.0, clock.elapsed(), self.trained_units(step))
+            self.steplog.start(step, loss_sum, clock.elapsed(), self.trained_units(step))
 
     def after_step(self, step: int, loss_sum: torch.Tensor, grad_norm=None) -> None:
         """Every step: the bar's count; at a log point its values sent (send()); the points whose
@@ -177,7 +179,11 @@ class Reporter:
     def emit(self, point: Point) -> None:
         v = {key: number(value) for key, value in point.values.items()}
         if point.bar:
-            loss = v["loss_sum"] / point.done if v["loss_sum"] is not None else None
+            loss = (
+                (v["loss_sum"] - self.epoch_loss) / point.done
+                if v["loss_sum"] is not None
+                else None
+            )
             self.progress.update(self.step, point.rate, loss)
         if point.log:
             units = v["units"] * self.copies if self.lm else v["units"]

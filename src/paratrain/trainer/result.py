@@ -94,7 +94,10 @@ def build(
         "step_windows_s": step_windows(step_times, measured_steps, warmup_excluded),
         "unique_samples_per_s": schedule.unique_per_step * measured_steps / measured_s,
         "processed_samples_per_s": schedule.processed_per_step * measured_steps / measured_s,
+        # the last epoch's, over all its steps (a resumed run's too: trainer/losses.py), and
+        # which steps those are: first and last
         "train_loss": last.get("train_loss"),
+        "train_loss_steps": last.get("train_loss_steps"),
         **{k: v for k, v in last.items() if k.startswith("val_")},
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,

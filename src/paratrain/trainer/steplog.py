@@ -9,6 +9,7 @@ sharding), throughput over the interval, memory, and the loss scale under fp16; 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,13 +22,14 @@ class StepLog:
         out_dir: Path,
         enabled: bool,
         tensorboard: bool,
-        resumed: bool,
+        start_step: int,
         wandb: dict | None = None,
     ):
-        """wandb: wandb.init's arguments (project, name, config) to log there too. Nothing is
+        """start_step: the step the run starts from (a resumed run's checkpoint's, else 0);
+        wandb: wandb.init's arguments (project, name, config) to log there too. Nothing is
         written before open() (the run's first step has run) or the first point."""
         self.enabled = enabled
-        self.out_dir, self.tensorboard, self.resumed = out_dir, tensorboard, resumed
+        self.out_dir, self.tensorboard, self.start_step = out_dir, tensorboard, start_step
         self.wandb_args = wandb
         self.path = out_dir / "steps.jsonl"
         self.writer = None
@@ -36,13 +38,16 @@ class StepLog:
         self.last: tuple[int, float, float, float] | None = None  # step, loss sum, time, units
 
     def open(self) -> None:
-        """Into the run folder: steps.jsonl begun (a resumed run appends to its own), the
-        TensorBoard writer (its events file) and the wandb run started."""
+        """Into the run folder: steps.jsonl begun (a resumed run goes on with its own, from its
+        checkpoint's step), the TensorBoard writer (its events file) and the wandb run
+        started."""
         if not self.enabled or self.opened:
             return
         self.opened = True
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if not self.resumed:  # a resumed run appends to its own log
+        if self.start_step:
+            keep_points_to(self.path, self.start_step)
+        else:
             self.path.unlink(missing_ok=True)
         if self.tensorboard:
             try:
@@ -50,7 +55,11 @@ class StepLog:
             except ImportError:  # the tensorboard package is optional
                 self.writer = None
             else:
-                self.writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+                # TensorBoard hides the events of the steps a resumed run takes again
+                purge = self.start_step + 1 if self.start_step else None
+                self.writer = SummaryWriter(
+                    log_dir=str(self.out_dir / "tensorboard"), purge_step=purge
+                )
         if self.wandb_args is not None:  # checked installed before any process started (runner)
             import wandb as wb
 
@@ -116,6 +125,28 @@ class StepLog:
             return None
         points = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
         return plot_curves(points, self.path.with_name("curves.png")) if points else None
+
+
+def keep_points_to(path: Path, step: int) -> None:
+    """A resumed run's log keeps its points up to the step it resumed from. The points after it
+    (a run killed past its last checkpoint, a run resumed from an earlier one) are of steps the
+    resumed run takes again: kept, the log would hold those steps twice, and from two runs."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if (at := _step(line)) is not None and at <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+
+
+def _step(line: str) -> int | None:
+    """A point's step, or None for a line that is none (one cut short by a killed run)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def plot_curves(points: list[dict], out: Path) -> Path:

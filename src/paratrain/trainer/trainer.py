@@ -8,6 +8,7 @@ its state and its cadence:
     NaNGuard       skipped steps (train.max_bad_steps)                       guard.py
     Watchdog       heartbeats; names a rank that falls behind                watchdog.py
     Interrupts     Ctrl-C / SIGTERM: every rank stops at a step boundary     interrupts.py
+    RunLosses      the epochs' losses, carried across restarts in checkpoints losses.py
 
 and the step, chosen once for the run (trainer/step.py: micro-batches, a pipeline schedule, or
 the task's own step). `fit` is the loop: read it top to bottom.
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from paratrain import faults, metrics
+from paratrain import faults, metrics, runfolder
 from paratrain.distributed import process_group as pg
 from paratrain.errors import Interrupted
 from paratrain.tasks import counts_tokens
@@ -29,6 +30,7 @@ from paratrain.trainer.checkpointer import Checkpointer
 from paratrain.trainer.evaluate import Evaluator
 from paratrain.trainer.guard import NaNGuard
 from paratrain.trainer.interrupts import Interrupts
+from paratrain.trainer.losses import RunLosses
 from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, run_devices, set_lr
 from paratrain.trainer.report import Reporter
 from paratrain.trainer.setup import announce, setup, tidy, write_plan
@@ -49,6 +51,7 @@ class Trainer:
             cfg.checkpoint,
             run.held,
             ckpt_dir=run.ckpt_dir,
+            out_dir=run.out_dir,
             env=env,
             dims=run.dims,
             schedule=schedule,
@@ -57,6 +60,14 @@ class Trainer:
         )
         self.state = state = self.checkpoints.resume_if_asked()
         self.interrupts = Interrupts(env.world_size, state.step)
+        self.losses = RunLosses(
+            state,
+            rank=env.rank,
+            world=env.world_size,
+            replicas=env.world_size // run.dims.pp,
+            device=env.device,
+        )
+        self.loss_sum: torch.Tensor | None = None  # the epoch's, on this rank
         announce(run)  # the plan's lines, once every check has passed
         self.watchdog = Watchdog(
             env.rank,
@@ -97,7 +108,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         run, state, total = self.run, self.state, self.schedule.total_steps
-        began, epochs = time.perf_counter(), []
+        began, epochs = time.perf_counter(), list(self.losses.epochs)  # the run's before this one
         gc_pause(run.cfg.train.gc_every_steps)
         self.interrupts.install()
         try:
@@ -118,10 +129,11 @@ class Trainer:
         run.work.sampler.set_epoch(state.epoch, skip=skip)
         run.model.train()
         first, began, wall = state.step, clock.elapsed(), time.perf_counter()
-        self.loss_sum = torch.zeros((), device=run.env.device, dtype=torch.float64)
+        so_far = self.losses.begin(state)  # a resumed epoch's sum goes on from its checkpoint's
+        self.loss_sum = torch.full((), so_far, device=run.env.device, dtype=torch.float64)
         batches = iter(run.work.train)
         clock.resume()
-        self.report.epoch_start(state.step)
+        self.report.epoch_start(state.step, so_far)
         per_epoch, total = schedule.steps_per_epoch, schedule.total_steps
         while state.step_in_epoch < per_epoch and state.step < total:
             self.train_step(batches)
@@ -130,11 +142,13 @@ class Trainer:
         clock.pause()
         self.guard.read()
         record = self.epoch_record(first, clock.elapsed() - began)
-        if state.step_in_epoch >= per_epoch:
+        complete = state.step_in_epoch >= per_epoch
+        if complete:
             state.epoch += 1
             state.step_in_epoch = 0
         record.update(self.evaluate(state.step))
         record["wall_s"] = time.perf_counter() - wall  # training + evaluation
+        self.losses.ended(record, complete)
         self.report.epoch_end(record)
         return record
 
@@ -190,8 +204,10 @@ class Trainer:
         folder as it was (runfolder.py)."""
         if not self.folder_written:
             self.folder_written = True
-            write_plan(self.run)
+            write_plan(self.run, self.checkpoints.owner["run"])
             self.report.open()
+            if self.run.env.is_main:
+                runfolder.record(self.run.out_dir)  # the step log's files: the run's
 
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM, agreed by every rank at this step boundary: the step's checkpoint
@@ -202,6 +218,7 @@ class Trainer:
         self.guard.read()  # the checkpoint's list of skipped steps is complete
         self.watchdog.beat(self.state.step, "checkpoint")
         run.sync_buffers()
+        self.losses.carry(self.state, self.loss_sum)
         checkpoint = self.checkpoints.on_interrupt(self.state)
         self.report.close()
         tidy(run)
@@ -217,14 +234,17 @@ class Trainer:
         clock.pause()
         self.watchdog.beat(state.step, "checkpoint")
         run.sync_buffers()
+        self.losses.carry(state, self.loss_sum)
         self.checkpoints.save(state)
         clock.resume()
         return time.perf_counter() - began
 
     def epoch_record(self, first: int, train_s: float) -> dict[str, Any]:
+        """The epoch's steps and time in this run; its loss over all its steps, those before a
+        resume included (trainer/losses.py)."""
         run, state = self.run, self.state
         steps = state.step - first
-        good = steps - sum(first < b <= state.step for b in state.bad_steps)
+        good = self.losses.good_steps(state)
         (loss_total,) = pg.all_reduce_sum([self.loss_sum.item()], run.env.device)
         return {
             "epoch": state.epoch,
@@ -233,6 +253,7 @@ class Trainer:
             # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
             # stages only the last has it
             "train_loss": loss_total / (run.env.world_size // run.dims.pp) / max(good, 1),
+            "train_loss_steps": self.losses.covered(state),
             "unique_samples_per_s": self.schedule.unique_per_step * steps / max(train_s, 1e-9),
         }
 
@@ -244,6 +265,7 @@ class Trainer:
         run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
         telemetry = measure.finish()
         run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
+        self.losses.carry(state, self.loss_sum)
         self.checkpoints.finish(state, self.start_step)
         if run.work.finish is not None:
             artifacts = {**run.work.finish(run.model, run.out_dir), **artifacts}
