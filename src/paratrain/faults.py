@@ -5,6 +5,7 @@ step, on a given rank. Nothing fires unless the variable is set.
     PARATRAIN_FAULTS="kill:rank=1:step=3"          SIGKILL rank 1 after step 3 (first generation
                                                     only, so a restarted run gets past it)
     PARATRAIN_FAULTS="nan:step=2"                  step 2's gradients become NaN on every rank
+    PARATRAIN_FAULTS="raise:step=3"                a RuntimeError after step 3 (a crash)
     PARATRAIN_FAULTS="stall:rank=1:step=2:s=20"    rank 1 sleeps 20 s after step 2
     PARATRAIN_FAULTS="sigstop:rank=1:step=2:s=20"  rank 1 is stopped (SIGSTOP, all its threads)
                                                     for 20 s after step 2, then continued
@@ -61,6 +62,8 @@ def after_step(rank: int, step: int) -> None:
             continue
         if fault.kind == "kill" and first_generation:
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "raise":
+            raise RuntimeError(f"injected failure after step {step}")
         if fault.kind == "stall":
             time.sleep(fault.seconds)
         if fault.kind == "sigstop":  # someone else must send SIGCONT: a shell started now

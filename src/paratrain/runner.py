@@ -3,6 +3,7 @@ torchrun's agent (launch.py), and report where the result went."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -66,8 +67,18 @@ def check_folders(cfg, overwrite: bool = False) -> None:
         )
     if resume and resume != "auto" and not Path(resume).exists():  # before any process starts
         raise UserError(f"checkpoint.resume: {resume} does not exist")
-    if cfg.output_dir and not resume and not restarted():  # last: overwrite removes files
+    # checkpoint.resume=auto with nothing to resume starts a fresh run: refused as one where an
+    # earlier run is (its files would be replaced, TensorBoard would hold both)
+    fresh = not resume or (resume == "auto" and not _own_checkpoints(cfg))
+    if cfg.output_dir and fresh and not restarted():  # last: overwrite moves files
         runfolder.claim(cfg, overwrite)
+
+
+def _own_checkpoints(cfg) -> bool:
+    from paratrain.checkpoint import list_checkpoints
+
+    folder = runfolder.checkpoint_dir(cfg, Path(cfg.output_dir)) if cfg.output_dir else None
+    return bool(folder and list_checkpoints(folder))
 
 
 def writable_folder(path: str, key: str) -> None:
@@ -139,20 +150,44 @@ def execute(plan: RunPlan, overwrite: bool = False) -> int:
                 f"strategy: {plan.strategy} runs in one process but this job has {world}; "
                 "use ddp-ds"
             )
-        if int(os.environ.get("RANK", "0")) == 0:
-            preflight(plan, overwrite)
-        train(plan)
+        if int(os.environ.get("RANK", "0")) != 0:
+            train(plan)
+            return 0
+        preflight(plan, overwrite)
+        with settled(plan):
+            train(plan)
         return 0
     plan = with_output_dir(plan)  # named here: checked as a folder given would be
     made = runfolder.made_for(Path(plan.config.output_dir))
     preflight(plan, overwrite)
     try:
-        if not plan.multiprocess:
-            train(plan)
-            return 0
-        return launch_workers(plan)
+        with settled(plan) as outcome:
+            if plan.multiprocess:
+                outcome.code = launch_workers(plan)
+            else:
+                train(plan)
+        return outcome.code
     finally:  # a mistake found before the first step: no folder left that the launch made
         runfolder.remove_if_empty(made)
+
+
+class _Outcome:
+    code = 0
+
+
+@contextlib.contextmanager
+def settled(plan: RunPlan):
+    """The run's end in the command that launched it, however it ends: its ledger's last look,
+    and what --overwrite set aside removed after a success or put back after a failure
+    (runfolder.settle)."""
+    outcome = _Outcome()
+    succeeded = False
+    try:
+        yield outcome
+        succeeded = outcome.code == 0
+    finally:
+        if plan.config.output_dir:
+            runfolder.settle(Path(plan.config.output_dir), succeeded)
 
 
 def launch_workers(plan: RunPlan) -> int:

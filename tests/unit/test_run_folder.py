@@ -78,25 +78,57 @@ def test_an_empty_folder_or_one_of_other_files_is_no_earlier_run(tmp_path):
 def test_overwrite_replaces_the_earlier_runs_files_and_leaves_others(finished, tmp_path, capsys):
     out = copy_of(finished, tmp_path / "run")
     (out / "notes.txt").write_text("mine")
-    ckpts = tmp_path / "ckpts"  # another run's checkpoints in this run's checkpoint.dir
-    assert run(tmp_path / "other", f"checkpoint.dir={ckpts}") == 0
+    (out / "samples").mkdir()
+    (out / "samples" / "mine.txt").write_text("mine too")  # in a folder a run writes
     old = json.loads((out / "result.json").read_text())
-    settings = ["train.max_steps=3", f"checkpoint.dir={ckpts}"]
-    assert run(out, *settings, flags=["--overwrite"]) == 0
+    assert run(out, "train.max_steps=3", flags=["--overwrite"]) == 0
     said = capsys.readouterr().out
-    assert "--overwrite: removed the earlier run's plan.json, result.json, steps.jsonl" in said
+    assert "--overwrite: the earlier run's " in said and "set aside" in said
     new = json.loads((out / "result.json").read_text())
     assert old["summary"]["optimizer_steps"] == 2 and new["summary"]["optimizer_steps"] == 3
     steps = [json.loads(x)["step"] for x in (out / "steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]  # this run's points alone
     assert len(events(out)) == 1  # TensorBoard holds one run
-    assert [p.name for p in sorted(ckpts.glob("step_*"))] == ["step_00000003"]
+    assert [p.name for p in sorted((out / "checkpoints").glob("step_*"))] == ["step_00000003"]
     assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "samples" / "mine.txt").read_text() == "mine too"
+    assert not (out / ".paratrain" / "overwritten").exists()  # gone with the first checkpoint
     # resume and overwrite contradict each other: one line, nothing changed
     before = snapshot(out)
     assert run(out, "train.max_steps=4", flags=["--overwrite", "--resume", str(out)]) == 2
     one_error_line(capsys, "--overwrite", "checkpoint.resume")
     assert snapshot(out) == before
+
+
+def test_overwrite_leaves_another_runs_checkpoints_in_a_shared_checkpoint_dir(
+    finished, tmp_path, capsys
+):
+    out = copy_of(finished, tmp_path / "run")
+    ckpts = tmp_path / "ckpts"  # another run's checkpoints in this run's checkpoint.dir
+    assert run(tmp_path / "other", f"checkpoint.dir={ckpts}") == 0
+    before, theirs = snapshot(out), snapshot(ckpts)
+    capsys.readouterr()
+    assert run(out, "train.max_steps=3", f"checkpoint.dir={ckpts}", flags=["--overwrite"]) == 2
+    one_error_line(capsys, f"{ckpts} also holds another run's checkpoints (step_00000002)")
+    assert snapshot(out) == before and snapshot(ckpts) == theirs
+
+
+def test_a_failed_overwrite_leaves_the_earlier_run_whole(finished, tmp_path, capsys):
+    """The new run fails before its first checkpoint (a mistake after the checks, in its
+    third step): the earlier run's files are back as they were, the new run's gone."""
+    out = copy_of(finished, tmp_path / "run")
+    (out / "samples").mkdir()
+    (out / "samples" / "mine.txt").write_text("mine")
+    before = snapshot(out)
+    from paratrain import faults
+
+    faults._FAULTS = faults.parse("raise:step=3")
+    try:
+        with pytest.raises(RuntimeError):
+            run(out, "train.max_steps=4", "checkpoint.every_steps=0", flags=["--overwrite"])
+    finally:
+        faults._FAULTS = []
+    assert {p: b for p, b in snapshot(out).items() if "errors" not in p.parts} == before
 
 
 def test_paratrain_train_overwrites_when_asked(finished, tmp_path):

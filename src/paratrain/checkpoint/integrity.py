@@ -51,12 +51,25 @@ def digests(files: list[Path]) -> dict[str, dict]:
     return {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
 
 
-def write_manifest(folder: Path, step: int, files: dict[str, dict]) -> None:
-    """Rank 0, after every rank's digests are in: the last file of the folder."""
+def write_manifest(folder: Path, step: int, files: dict[str, dict], owner: dict | None) -> None:
+    """Rank 0, after every rank's digests are in: the last file of the folder. owner: the run
+    and the line of checkpoints it belongs to (`owner`)."""
     body = {"format": _FORMAT, "step": step, "files": dict(sorted(files.items()))}
+    body["owner"] = owner or {}
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(body, indent=1))
     tmp.replace(folder / MANIFEST)
+
+
+def owner(folder: Path) -> dict:
+    """Whose a checkpoint is: {"run": the run folder's id, "lineage": the line of checkpoints
+    it continues, "parent": [lineage, step] where that line branched off}; {} for one written
+    before checkpoints carried it, or one without a readable manifest."""
+    try:
+        found = json.loads((folder / MANIFEST).read_text()).get("owner")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def problem(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:

@@ -59,6 +59,11 @@ _NAME = re.compile(r"step_(\d+)$")
 _TRAIN_STATE = "train_state.pt"
 
 
+def step_of(checkpoint: Path) -> int:
+    """The step a checkpoint folder's name says (step_<N>)."""
+    return int(_NAME.fullmatch(checkpoint.name).group(1))
+
+
 def checkpoint_path(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}"
 
@@ -67,7 +72,9 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
     d = Path(directory)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if _NAME.search(p.name) and (p / _TRAIN_STATE).is_file())
+    return sorted(
+        p for p in d.iterdir() if _NAME.fullmatch(p.name) and (p / _TRAIN_STATE).is_file()
+    )
 
 
 def resolve_resume(path: str | Path, own: Path | None = None) -> Path | None:
@@ -234,9 +241,12 @@ def save_checkpoint(
     layout: dict[str, Any] | None = None,
     saves: AsyncSaves | None = None,
     replica: dict[str, Any] | None = None,
+    owner: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank must call it. Returns the checkpoint's folder (with `saves` in an
-    async mode, where it will be once `saves.wait()` returns)."""
+    async mode, where it will be once `saves.wait()` returns). owner: the run and line of
+    checkpoints it belongs to, in its manifest (integrity.owner): pruning (keep) removes only
+    older checkpoints of the same line."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -268,6 +278,7 @@ def save_checkpoint(
         )
     tensors = {"model": model_state, "optimizer": optim_state}
     done = dict(tmp=tmp, final=final, directory=Path(directory), step=state.step, keep=keep)
+    done["owner"] = owner or {}
     if not background:
         dcp.save(tensors, checkpoint_id=tmp, no_dist=not dist.is_initialized())
         _barrier()
@@ -290,9 +301,11 @@ def save_checkpoint(
     return final
 
 
-def _complete(*, tmp: Path, final: Path, directory: Path, step: int, keep: int, group) -> None:
+def _complete(
+    *, tmp: Path, final: Path, directory: Path, step: int, keep: int, owner: dict, group
+) -> None:
     """Every rank's files written: each hashes its own; the manifest, written last, lists them
-    all; the folder is renamed into place and the oldest pruned."""
+    all; the folder is renamed into place and the oldest of its line pruned."""
     rank, world = _rank_world()
     mine = integrity.digests(integrity.own_files(tmp, rank))
     listed = [mine]
@@ -300,12 +313,41 @@ def _complete(*, tmp: Path, final: Path, directory: Path, step: int, keep: int, 
         listed = [None] * world
         dist.all_gather_object(listed, mine, group=group)
     if rank == 0:
-        integrity.write_manifest(tmp, step, {k: v for d in listed for k, v in d.items()})
-        shutil.rmtree(final, ignore_errors=True)
+        integrity.write_manifest(tmp, step, {k: v for d in listed for k, v in d.items()}, owner)
+        if final.exists():  # this line's own at this step is replaced; another's kept aside
+            if not owner or integrity.owner(final).get("lineage") != owner.get("lineage"):
+                set_aside(directory, [final], f"replaced-{final.name}")
+            shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if keep:
-            for old in list_checkpoints(directory)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            prune(directory, final, keep, owner)
+
+
+def prune(directory: Path, newest: Path, keep: int, owner: dict) -> None:
+    """checkpoint.keep: the oldest checkpoints of `owner`'s line beyond `keep` removed. Never
+    the one just written (`newest`), never one of another run or line (a save without an
+    owner prunes only checkpoints without one)."""
+    lineage = owner.get("lineage")
+    line = [c for c in list_checkpoints(directory) if integrity.owner(c).get("lineage") == lineage]
+    for old in line[:-keep]:
+        if old != newest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+ASIDE = "aside"
+"""<checkpoint folder>/aside/: checkpoints no --resume picks (a branch left behind, one of
+another line that a save would have replaced), kept, never pruned."""
+
+
+def set_aside(directory: Path, checkpoints: list[Path], why: str) -> Path:
+    """Checkpoints moved into <directory>/aside/<time>-<why>/ -> that folder."""
+    import time
+
+    folder = Path(directory) / ASIDE / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for c in checkpoints:
+        os.replace(c, folder / c.name)
+    return folder
 
 
 def load_checkpoint(

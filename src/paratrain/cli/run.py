@@ -43,11 +43,11 @@ def command(args: argparse.Namespace) -> int:
 
         os.environ[TRUST_ENV] = "1"
     recipe, overrides = args.recipe, args.overrides + _flag_overrides(args)
+    done = None if args.overrides or not args.resume else finished_run(args.resume, recipe)
+    if done:  # nothing left to train: said, not an error
+        print(done, flush=True)
+        return 0
     if recipe is None and args.resume:  # the run's own config, the overrides on top
-        done = None if args.overrides else finished_run(args.resume)
-        if done:  # nothing left to train: said, not an error
-            print(done, flush=True)
-            return 0
         recipe, overrides = resumed_run(args.resume, args.output_dir, overrides, args.overrides)
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
     plan = plan_of(recipe, overrides)
@@ -59,9 +59,10 @@ def command(args: argparse.Namespace) -> int:
     return execute(plan, overwrite=args.overwrite)
 
 
-def finished_run(resume: str) -> str | None:
+def finished_run(resume: str, recipe: str | None = None) -> str | None:
     """The line for `--resume` of a run folder that finished (its result.json is written only
-    at the end), or None."""
+    at the end), or None; with a recipe, only where the recipe trains as long as the run did
+    (a longer one goes on)."""
     import json
     from pathlib import Path
 
@@ -69,6 +70,8 @@ def finished_run(resume: str) -> str | None:
     found = (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file())
     folder = next(found, None)
     if folder is None or not (folder / "result.json").is_file():
+        return None
+    if recipe is not None and _length(recipe) != _length(folder / "config.yaml"):
         return None
     result = folder / "result.json"
     try:
@@ -103,12 +106,39 @@ def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str])
         )
     if output_dir is None:
         overrides = [*overrides, f"output_dir={folder}"]
+    elsewhere = _checkpoint_dir(folder) if path.resolve() == folder.resolve() else None
+    if elsewhere:  # the run's checkpoints are where its config put them
+        overrides = [*overrides, f"checkpoint.resume={elsewhere}"]
     print(
         f"paratrain: resuming {folder} with its config.yaml"
         + (f"; overrides: {', '.join(shown)}" if shown else ""),
         flush=True,
     )
     return folder / "config.yaml", overrides
+
+
+def _length(recipe) -> tuple | None:
+    """How long a recipe trains (train.max_steps, train.epochs); None if it does not load."""
+    from paratrain.config import load_config
+    from paratrain.errors import UserError
+
+    try:
+        train = load_config(recipe).train
+    except (UserError, ValueError, OSError):
+        return None
+    return train.max_steps, train.epochs
+
+
+def _checkpoint_dir(folder) -> str | None:
+    """The checkpoint.dir a run folder's config.yaml names (outside the folder), or None."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((folder / "config.yaml").read_text())
+        found = raw["checkpoint"]["dir"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return str(found) if found else None
 
 
 def _run_help() -> str:

@@ -219,7 +219,8 @@ class CheckpointConfig:
     at_end: bool = True
     """Save when the run finishes."""
     keep: int = 2
-    """Checkpoints kept on disk (oldest removed first); 0 keeps all."""
+    """Checkpoints kept on disk of the run's line (its oldest removed first; never another
+    run's, another line's, or the one just written); 0 keeps all."""
     dir: str | None = None
     """Where checkpoints go; default <output_dir>/checkpoints."""
     resume: str | None = None

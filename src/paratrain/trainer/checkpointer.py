@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from paratrain import runfolder
 from paratrain.checkpoint import (
     AsyncSaves,
     LoopState,
@@ -21,6 +22,8 @@ from paratrain.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from paratrain.checkpoint.integrity import owner
+from paratrain.checkpoint.store import set_aside, step_of
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
 from paratrain.protocols import unwrap
@@ -32,7 +35,8 @@ class Checkpointer:
     """cfg: checkpoint.*; held: what is saved and loaded; the rank's place (env, dims); the
     schedule (a checkpoint's position in an epoch, in samples); tied: a pipeline's tied
     weights' aliases, else None; epochs_decide: train.max_steps unset (a resumed run's step
-    follows from its epoch, in this layout's steps)."""
+    follows from its epoch, in this layout's steps); out_dir: the run folder (its ledger: the
+    run's id, and what --overwrite set aside until this run's first checkpoint)."""
 
     def __init__(
         self,
@@ -40,13 +44,14 @@ class Checkpointer:
         held: Held,
         *,
         ckpt_dir: Path,
+        out_dir: Path,
         env: pg.DistEnv,
         dims,
         schedule: Schedule,
         tied: dict | None = None,
         epochs_decide: bool = True,
     ):
-        self.cfg, self.held, self.ckpt_dir = cfg, held, ckpt_dir
+        self.cfg, self.held, self.ckpt_dir, self.out_dir = cfg, held, ckpt_dir, out_dir
         self.env, self.dims, self.schedule = env, dims, schedule
         self.tied, self.epochs_decide = tied, epochs_decide
         self.layout = {"degrees": dims.describe(), "label": dims.label()}
@@ -55,6 +60,9 @@ class Checkpointer:
         """Checkpoints written by this run, the time its steps waited for them, and (async)
         the time the end of the run waited for the last write."""
         self.saved_step: int | None = None
+        self.owner: dict = {}
+        """The run's id and the line of checkpoints this run continues (resume_if_asked):
+        written into each checkpoint's manifest; pruning keeps to it."""
 
     def due(self, step: int) -> bool:
         """Every checkpoint.every_steps, except the last step (the end of the run saves)."""
@@ -82,7 +90,10 @@ class Checkpointer:
                 layout=self.layout,
                 saves=self.saves,
                 replica=replica,
+                owner=self.owner,
             )
+        if self.saves.mode == "none":
+            self.landed()
         self.stats["saves"] += 1
         self.stats["blocking_s"] += time.perf_counter() - began
         self.saved_step = state.step
@@ -107,6 +118,7 @@ class Checkpointer:
         if self.saved_step != state.step:
             self.save(state)
         self.saves.close()
+        self.landed()
         found = list_checkpoints(self.ckpt_dir)
         return str(found[-1]) if found else None
 
@@ -118,6 +130,14 @@ class Checkpointer:
         began = time.perf_counter()
         self.saves.close()
         self.stats["end_wait_s"] += time.perf_counter() - began
+        self.landed()
+
+    def landed(self) -> None:
+        """A checkpoint of this run is in place (rank 0): what --overwrite set aside is not
+        needed any more, and the ledger lists what the run wrote so far."""
+        if self.env.is_main and self.saved_step is not None:
+            runfolder.drop_overwritten(self.out_dir)
+            runfolder.record(self.out_dir)
 
     # ------------------------------------------------------------------ resuming
 
@@ -128,6 +148,7 @@ class Checkpointer:
         start = resolve_resume("auto", self.ckpt_dir) if restarted() else None
         if start is None and self.cfg.resume:
             start = resolve_resume(self.cfg.resume, self.ckpt_dir)
+        self.owner = pg.broadcast_object(self.line(start) if self.env.is_main else None)
         if start is None:
             return LoopState()
         state = self.resume(start)
@@ -139,6 +160,33 @@ class Checkpointer:
                 "train.epochs to go on"
             )
         return state
+
+    def line(self, start: Path | None) -> dict:
+        """Rank 0: whose this run's checkpoints are -> {"run", "lineage", "parent"}. The run
+        keeps its folder's id when it continues there. A resume from the newest checkpoint of
+        its folder continues that checkpoint's line; from an older one it starts a new line,
+        and the checkpoints after it (the branch left, a damaged newest) are moved aside into
+        <checkpoints>/aside/, named here, kept, never picked by --resume DIR."""
+        continues = restarted() or bool(self.cfg.resume)
+        run = (runfolder.run_id(self.out_dir) if continues else None) or runfolder.new_id()
+        if start is None:
+            return {"run": run, "lineage": runfolder.new_id(), "parent": None}
+        held = owner(start)
+        later = [c for c in list_checkpoints(self.ckpt_dir) if step_of(c) > step_of(start)]
+        if not later:
+            lineage = held.get("lineage") or runfolder.new_id()
+            return {"run": run, "lineage": lineage, "parent": held.get("parent")}
+        folder = set_aside(self.ckpt_dir, later, f"after-{start.name}")
+        print(
+            f"paratrain: resuming from {start.name} starts a new line of checkpoints; the "
+            f"later ones ({', '.join(c.name for c in later)}) are kept in {folder}",
+            flush=True,
+        )
+        return {
+            "run": run,
+            "lineage": runfolder.new_id(),
+            "parent": [held.get("lineage"), step_of(start)],
+        }
 
     def resume(self, path: Path) -> LoopState:
         """The checkpoint at `path` loaded into the model, optimizer and scaler -> its loop

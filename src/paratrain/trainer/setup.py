@@ -28,7 +28,13 @@ from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
-from paratrain.runfolder import checkpoint_dir, output_dir, refuse_other_run, restarted
+from paratrain.runfolder import (
+    checkpoint_dir,
+    output_dir,
+    refuse_other_run,
+    restarted,
+    start_ledger,
+)
 from paratrain.tasks import get_task
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
@@ -301,7 +307,7 @@ def announce(run: Built) -> None:
     (write_plan)."""
     env, out_dir = run.env, run.out_dir
     if env.is_main and not restarted():
-        print(f"paratrain: plan ({out_dir / 'plan.json'})", flush=True)
+        print(f"paratrain: plan (saved as {out_dir / 'plan.json'} after step 1)", flush=True)
         print("\n".join(run.plan.lines(run.counts)), flush=True)
     nccl = env.device.type == "cuda" and env.world_size > 1
     if env.is_main and run.cfg.dist.flight_recorder and nccl:
@@ -311,15 +317,17 @@ def announce(run: Built) -> None:
         (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
 
 
-def write_plan(run: Built) -> None:
+def write_plan(run: Built, run_id: str) -> None:
     """The run folder's config.yaml and plan.json, once the run's first step has run
     (trainer.py): a refused resume or a mistake found before it leaves an earlier run's as
-    they were. A restarted generation keeps what the first wrote (writes them if it had not)."""
+    they were. A restarted generation keeps what the first wrote (writes them if it had not).
+    First the ledger of the run's files (runfolder.start_ledger), so that they are listed."""
     out_dir = run.out_dir
     if run.env.is_main and (not restarted() or not (out_dir / "config.yaml").is_file()):
         from paratrain.config import to_yaml
 
         out_dir.mkdir(parents=True, exist_ok=True)
+        start_ledger(out_dir, run_id, run.ckpt_dir, new_session=not restarted())
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
         cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
