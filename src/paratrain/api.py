@@ -67,7 +67,7 @@ def train(
 @contextlib.contextmanager
 def _trusting(trust_code: bool):
     """--trust-code for this call: the variable its workers inherit, as it was afterwards."""
-    from paratrain.models.trust import TRUST_ENV
+    from paratrain.trust import TRUST_ENV
 
     before = os.environ.get(TRUST_ENV)
     if trust_code:

@@ -10,7 +10,7 @@ import paratrain
 from paratrain.cli import main
 from paratrain.config import load_config, to_yaml
 from paratrain.errors import UserError
-from paratrain.models.trust import TRUST_ENV
+from paratrain.trust import TRUST_ENV
 
 TINY = [
     "model.name=tiny_cnn",

@@ -39,7 +39,7 @@ def command(args: argparse.Namespace) -> int:
     if args.verbose:
         os.environ["PARATRAIN_VERBOSE"] = "1"
     if args.trust_code:  # the workers inherit it; a config cannot set it
-        from paratrain.models.trust import TRUST_ENV
+        from paratrain.trust import TRUST_ENV
 
         os.environ[TRUST_ENV] = "1"
     recipe, overrides = args.recipe, args.overrides + _flag_overrides(args)
