@@ -19,6 +19,33 @@ def _quiet_enum_registration(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("torch.utils._pytree").addFilter(_quiet_enum_registration)
+
+
+class _TorchaoKernels(logging.Filter):
+    """torchao built for another torch logs a warning per compiled kernel it cannot load
+    ("Failed to load .../_C_mxfp8...so: undefined symbol ...") in every process that imports
+    it, a checkpoint's load included. paratrain's uses of torchao (float8 layers, low-bit
+    optimizers) do not need those kernels: one line says so and where the mend is, once a
+    process; the others are dropped."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Failed to load ") and "incompatible torch" not in message:
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = (
+            "torchao's compiled kernels do not load beside this torch (built for another "
+            "torch); paratrain does not use them. `python -m paratrain.install` names the mend",
+            None,
+        )
+        return True
+
+
+logging.getLogger("torchao").addFilter(_TorchaoKernels())
 # peft asks transformers (>= 5) for a property it renamed, in every process of a LoRA run:
 # theirs to change, nothing the user can act on.
 warnings.filterwarnings(

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from paratrain import job, launch, runfolder
+from paratrain import job, launch, preload, runfolder
 from paratrain.config import to_yaml
 from paratrain.data import images
 from paratrain.errors import ERROR_DIR, UserError
@@ -215,7 +215,8 @@ def launch_workers(plan: RunPlan) -> int:
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         try:
             with job.forwarded_signals(errors), launch.quiet_agent():
-                launch.run_torchrun(argv, preload=worker_imports(plan), entrypoint=forked)
+                with preload.guarded(worker_imports(plan)) as names:
+                    launch.run_torchrun(argv, preload=names, entrypoint=forked)
         except ChildFailedError:
             return job.outcome(errors, cfg.output_dir)
         except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)

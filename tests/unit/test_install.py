@@ -201,3 +201,127 @@ def test_the_real_check_runs_torchvisions_ops(tmp_path):
     (line,) = proc.stdout.splitlines()
     assert "compiled ops do not run" in line
     assert "RuntimeError: operator torchvision::nms does not exist" in line
+
+
+def test_a_torchao_built_for_another_torch_is_named_with_its_mend():
+    said = [
+        "Failed to load /x/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+        "/x/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN3c10",
+        "Failed to load /x/torchao/_C_cutlass_90a.abi3.so: undefined symbol: _ZN2at",
+    ]
+    line = install.torchao_problem("2.13.0+cpu", "0.18.0", said)
+    assert line.startswith(
+        "install: torchao 0.18.0's compiled kernels (_C_cutlass_90a, _C_mxfp8) do not load "
+        "beside torch 2.13.0+cpu (_C_mxfp8: undefined symbol: _ZN3c10): it was built for "
+        "another torch"
+    )
+    assert line.endswith(
+        "mend: pip install --force-reinstall --no-deps torchao "
+        "--index-url https://download.pytorch.org/whl/cpu"
+    )
+    # before 0.17 a torchao release was built for one torch release: that one is named
+    skipped = ["Skipping import of cpp extensions due to incompatible torch version 2.9.1"]
+    line = install.torchao_problem("2.10.0+cu128", "0.15.0", skipped)
+    assert "0.15.0's compiled kernels are skipped beside torch 2.10.0+cu128" in line
+    assert line.endswith('mend: pip install --force-reinstall --no-deps "torchao==0.16.0"')
+    assert install.mend_torchao("2.9.0").endswith('"torchao==0.14.1"')
+    crashed = ["Failed to import torchao: torchao ended the interpreter (killed by SIGABRT)"]
+    assert " does not import beside torch" in install.torchao_problem("2.9.0", "0.13.0", crashed)
+    assert install.torchao_problem("2.14.1", "0.18.0", ["something else it said"]) is None
+
+
+def test_a_triton_that_does_not_import_is_named_with_torchs_pin():
+    error = "ImportError: libtriton.so: cannot open shared object file"
+    line = install.triton_problem("2.14.1+cu130", "3.8.0", error, [TRITON_PIN])
+    assert line == (
+        f"install: triton 3.8.0 does not import beside torch 2.14.1+cu130 ({error}); "
+        'mend: pip install --force-reinstall --no-deps "triton~=3.8.0"'
+    )
+    assert install.triton_problem("2.14.1+cpu", "3.8.0", error, []).endswith('"triton==3.8.0"')
+    assert install.triton_problem("2.14.1+cpu", "3.8.0", None, [TRITON_PIN]) is None
+
+
+def _plant(where, name: str, init: str) -> None:
+    (where / name).mkdir()
+    (where / name / "__init__.py").write_text(init)
+
+
+TORCHAO_SAYS = (
+    "import logging\n"
+    "log = logging.getLogger(__name__)\n"
+    "for so in ('_C_mxfp8.cpython-310-x86_64-linux-gnu.so', '_C_cutlass_90a.abi3.so'):\n"
+    "    log.warning(f'Failed to load /x/torchao/{so}: undefined symbol: _ZN3c10')\n"
+)
+
+
+def test_the_real_check_imports_triton_and_loads_torchaos_kernels(tmp_path):
+    """Metadata says nothing of an import that fails: the check imports triton and torchao in
+    a child process; a crash there (SIGKILL) is laid at the import running, and the checks
+    after it still run."""
+    _plant(tmp_path, "triton", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    _plant(tmp_path, "torchao", TORCHAO_SAYS)
+    proc = _check_with(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    triton, torchao = proc.stdout.splitlines()
+    assert triton.startswith("install: triton") and "does not import beside torch" in triton
+    assert "(triton ended the interpreter (killed by SIGKILL))" in triton
+    assert 'mend: pip install --force-reinstall --no-deps "triton' in triton
+    assert torchao.startswith("install: torchao")
+    assert "compiled kernels (_C_cutlass_90a, _C_mxfp8) do not load" in torchao
+    assert "mend: pip install --force-reinstall --no-deps torchao" in torchao
+
+
+def test_torchaos_failed_kernels_are_one_line_where_paratrain_imports_it(tmp_path):
+    """torchao prints a warning per kernel that did not load in every process that imports
+    it; under paratrain one line says what it means and where the mend is."""
+    import os
+    import subprocess
+    import sys
+
+    _plant(tmp_path, "torchao", TORCHAO_SAYS)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", "import paratrain, torchao, importlib; importlib.reload(torchao)"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "torchao's compiled kernels do not load" in line and "paratrain does not use" in line
+    assert "python -m paratrain.install" in line
+
+
+def test_a_run_over_a_broken_torchvision_says_the_install_line_not_the_fork_servers(tmp_path):
+    """A torchvision model on two CPU processes over a torchvision whose ops do not load: the
+    fork server imports torchvision before forking the workers; its failure is the run's one
+    report with the install check's line and mend, not the fork server's traceback and
+    torchrun's "EOFError: unexpected EOF"."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    pair, tag = install.paired_torchvision(torch.__version__), install.local_tag(torch.__version__)
+    _planted_torchvision(tmp_path, f"{pair}.0" + (f"+{tag}" if tag else ""))
+    settings = ["task=image_classification", "device=cpu", "strategy=ddp-ds"]
+    settings += ["model.name=mobilenet_v2", "data.source=synthetic", "data.image_size=32"]
+    settings += ["data.num_workers=0", "train.max_steps=1", f"output_dir={tmp_path / 'run'}"]
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "run", "--nproc", "2"]
+        + [a for s in settings for a in ("--set", s)],
+        env={**os.environ, "PYTHONPATH": path, "PARATRAIN_FORKSERVER": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "EOFError" not in out and "Traceback" not in out, out
+    assert "forkserver" not in out, out
+    (line,) = [x for x in out.splitlines() if x.startswith("install: ")]
+    assert "compiled ops do not run" in line and "mend: pip install" in line
