@@ -90,8 +90,32 @@ def test_rows_scaling_and_advice():
     assert not one["fits"] and got[("fsdp", 8)]["fits"]
     lines = predict.advice(rows, links)
     assert any(x.startswith("ddp does not fit at 1 GPU: 2.8 GiB") for x in lines)
-    assert any("DDP exposes" in x and "HSDP or local SGD" in x for x in lines)
+    # one sentence: the share, the link in MB/s or GB/s (3 significant digits), and what the
+    # strategies that hide more of it expose at that scale
+    (ddp,) = [x for x in lines if "DDP spends" in x]
+    assert ddp.startswith("At 64 GPUs DDP spends ")
+    assert "of its step waiting for communication (its all-reduce at 1.00 GB/s across nodes)" in ddp
+    assert "; at that scale hsdp waits " in ddp and " and local_sgd/16 " in ddp
+    assert ddp.endswith(".")
     assert any(x.startswith("fastest at 64 GPUs: hsdp") for x in lines)
+    alone = got[("ddp", 64)] | {"bus_gbps": 0.011127}
+    (slow,) = [x for x in predict.advice([alone], links, "process") if "DDP" in x]
+    assert "At 64 processes DDP spends" in slow and "at 11.1 MB/s across nodes)" in slow
+    assert slow.endswith("; HSDP or local SGD would hide more of it.")
+
+
+def test_rates_and_counts_read_as_words():
+    assert [predict.bandwidth(g) for g in (0.011127, 0.5, 1.5, 242.0, 2500.0)] == [
+        "11.1 MB/s",
+        "500 MB/s",
+        "1.50 GB/s",
+        "242 GB/s",
+        "2,500 GB/s",
+    ]
+    assert (
+        predict.count(1, "process") == "1 process" and predict.count(4, "process") == "4 processes"
+    )
+    assert predict.count(8) == "8 GPUs"
 
 
 def test_model_parallel_rows_respect_the_model():
@@ -115,7 +139,7 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     calls = []
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the cores decide (conftest sets 1)
 
-    def fake_step(cfg, out, *, steps, threads=None, run_as=None, wrapper="single", copies=1):
+    def fake_step(cfg, out, *, steps, threads=None, run_as=None, wrapper="single", copies=1, **kw):
         calls.append((wrapper, threads, copies, steps, tuple(run_as or ())))
         result = copy.deepcopy(RESULT)
         result["summary"]["profile_phases"]["phases"] = {
@@ -142,8 +166,8 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     # one process alone at 2 threads; two copies at once at 1 thread each, over ~10 s of steps
     assert ("single", 2, 1, 20, ()) in calls and ("single", 1, 2, 100, ()) in calls
     assert json.loads((tmp_path / "plan.json").read_text())["rows"]
-    # 8 processes on a 2-core machine that runs 4 (a "node"): the across-nodes assumption printed
-    assert any("across nodes as within" in x for x in found["assumptions"])
+    # 8 processes on a 2-core machine that runs 4: the across-machines assumption printed
+    assert any("across machines as within" in x for x in found["assumptions"])
     # a set OMP_NUM_THREADS is what `paratrain run` gives each process, so the plan too
     calls.clear()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -170,3 +194,28 @@ def test_one_gpu_needs_a_stated_link(tmp_path, monkeypatch):
     cfg = load_config("recipes/tiny_cpu.yaml")
     with pytest.raises(UserError, match="give --bus-gbps"):
         command.run_plan(cfg, command.PlanArgs(gpus=[1, 8], out=tmp_path))
+
+
+def test_a_cpu_plan_speaks_of_processes_on_this_machine(tmp_path, monkeypatch, capsys):
+    """On the CPU a scale is processes: the table, its header and every line say so, and the
+    default scales stop at the processes this machine runs (a 2-core machine runs 4)."""
+    monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
+    monkeypatch.setattr(calibrate, "measure_bus", lambda n, *a: 0.011127)
+    monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
+    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    cfg = load_config("recipes/tiny_cpu.yaml")
+    found = command.run_plan(cfg, command.PlanArgs(gpus=None, out=tmp_path))
+    assert {r["gpus"] for r in found["rows"]} == {1, 2, 4}
+    capsys.readouterr()
+    command.print_plan(found)
+    out = capsys.readouterr().out
+    assert "GPU" not in out, out
+    assert "one process's step" in out and "memory/process" in out
+    assert "┃ processes ┃" in out  # the table's header
+    assert "4 processes per machine" in out and "11.1 MB/s at 4" in out
+    (ddp,) = [x for x in found["advice"] if "DDP spends" in x]
+    assert "processes DDP spends" in ddp and "(its all-reduce at 11.1 MB/s)" in ddp
+    # a scale beyond this machine only when asked, and said to be machines like this one
+    found = command.run_plan(cfg, command.PlanArgs(gpus=[1, 8], out=tmp_path / "8"))
+    command.print_plan(found)
+    assert "8 (2 machines)" in capsys.readouterr().out

@@ -22,9 +22,15 @@ def add(sub) -> None:
         "and the plan refused if it stays noisy (--allow-noisy plans anyway). Writes plan.json.",
     )
     plan.add_argument("recipe", nargs="?", help="YAML recipe (none with --validate or --hardware)")
-    plan.add_argument("--gpus", default="1,2,4,8,64", help="scales to predict (default 1,2,4,8,64)")
     plan.add_argument(
-        "--gpus-per-node", type=int, help="GPUs of one node (default: this one's, or 8)"
+        "--gpus",
+        help="scales to predict: GPUs, or on the CPU processes (default 1,2,4,8,64 on GPUs; on "
+        "the CPU 1, 2, 4, ... up to the processes of this machine)",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="GPUs of one node (default: this one's, or 8); on the CPU processes of one machine",
     )
     plan.add_argument(
         "--bus-gbps",
@@ -133,7 +139,7 @@ def offline(args: argparse.Namespace) -> int:
     return offline.run_layouts(
         args.hardware,
         args.shape,
-        command.parse_scales(args.gpus, "--gpus"),
+        command.parse_scales(args.gpus or ",".join(map(str, command.GPU_SCALES)), "--gpus"),
         seq_len=args.seq_len or 8192,
         global_batch=args.global_batch,
         float8=args.float8,
@@ -178,11 +184,10 @@ def command(args: argparse.Namespace) -> int:
     # each calibration and measured layout decides its own levers (bf16 weights in one
     # process would be refused under FSDP)
     cfg = unsettled(plan_of(args.recipe, args.set))
-    gpus = command.parse_scales(args.gpus, "--gpus")
+    # None: the plan's own scales (this machine's processes on the CPU); --measure's join them
+    gpus = command.parse_scales(args.gpus, "--gpus") if args.gpus else None
     measure = command.parse_scales(args.measure, "--measure") if args.measure else None
     chosen = check_numbers_and_strategies(args, command.predict.RUNS)
-    if measure and set(measure) - set(gpus):
-        gpus = sorted(set(gpus) | set(measure))
     out = Path(args.out or f"runs/plan-{Path(args.recipe).stem}")
     found = command.run_plan(
         cfg,

@@ -22,6 +22,9 @@ from paratrain.plan.model import Calibration
 PROFILED = 5  # steps profiled for the phases; out of the measured window
 
 
+WINDOWS = 5  # the measured steps cut into this many windows (result.json's step_windows_s)
+
+
 def calibration_config(
     cfg: RunConfig,
     steps: int,
@@ -32,7 +35,7 @@ def calibration_config(
     """The recipe as one process on one device: the same per-device batch, accumulation,
     precision, compile and memory levers; a fixed short run, no evaluation or checkpoint.
     `run_as`: the settings of a measured run instead (a strategy on N processes, the same
-    steps, not profiled)."""
+    steps, not profiled). The step log writes a point a window (watched: watch_windows)."""
     overrides = [
         *(run_as or [f"strategy={wrapper}", "launch.nproc=1", f"train.profile_steps={PROFILED}"]),
         f"train.max_steps={cfg.train.warmup_steps + PROFILED + steps}",
@@ -40,6 +43,8 @@ def calibration_config(
         "checkpoint.at_end=false",
         "checkpoint.every_steps=0",
         "log.progress=false",
+        "log.steps=true",
+        f"log.every_steps={window_steps(steps)}",
         "sync.mode=every_step",
     ]
     if threads is not None:
@@ -75,6 +80,54 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
         return -9
 
 
+def window_steps(steps: int) -> int:
+    return max(1, steps // WINDOWS)
+
+
+def live_windows(path: Path, start: int) -> list[float]:
+    """A running calibration's step log (steps.jsonl) so far -> the mean step (s) between each
+    two consecutive points at or after step `start` (the warm-up and profiled steps before)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    points = []
+    for line in lines:
+        try:
+            point = json.loads(line)
+            points.append((int(point["step"]), float(point["time"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # the line being written
+    points = [(s, t) for s, t in points if s >= start]
+    pairs = zip(points, points[1:], strict=False)
+    return [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in pairs if s1 > s0]
+
+
+def watch_windows(
+    procs: list[subprocess.Popen],
+    folders: list[Path],
+    start: int,
+    total: int,
+    limit: float,
+    timeout_s: float,
+) -> tuple[list[float], int] | None:
+    """Wait for the runs, reading their step logs as they grow: at the first window after
+    which a run's windows spread above `limit` whatever the rest measure (spread.certain_noisy
+    of `total` windows), every run is stopped -> (its windows, total); None when they ended."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        for folder in folders:
+            windows = live_windows(folder / "steps.jsonl", start)
+            if spread.certain_noisy(windows, total, limit):
+                for proc in procs:
+                    _wait(proc, 0)  # its whole process group killed
+                return windows, total
+    return None
+
+
 def _run(cmd: list[str], log: Path, threads: int | None, timeout_s: float) -> int:
     return _wait(_start(cmd, log, threads), timeout_s)
 
@@ -93,12 +146,16 @@ def measure_step(
     wrapper: str = "single",
     copies: int = 1,
     timeout_s: float = 900,
+    noisy_above: float | None = None,
 ) -> dict:
     """Run the calibration (or with `run_as`, a measured run of a strategy); -> its
     result.json, its step time the median of its measured windows and `spread` their
     coefficient of variation (plan/spread.py). `copies` > 1: that many identical calibrations
     at once (CPU processes that will share this machine's cores, caches and memory bandwidth
-    measured sharing them); the step time is their medians' mean, the rest copy 0's."""
+    measured sharing them); the step time is their medians' mean, the rest copy 0's.
+    `noisy_above`: the runs are watched, and stopped at the first window after which their
+    spread is above it whatever the rest measure -> then only the summary's spread, windows
+    and `stopped_at` ([windows measured, of how many])."""
     out.mkdir(parents=True, exist_ok=True)
     cal_cfg = calibration_config(cfg, steps, threads, run_as, wrapper)
     (out / "config.yaml").write_text(to_yaml(cal_cfg))
@@ -106,10 +163,21 @@ def measure_step(
     procs = []
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / "steps.jsonl").unlink(missing_ok=True)  # an earlier plan's, in the same --out
         cmd = [sys.executable, "-m", "paratrain", "run", str(out / "config.yaml")]
         # --overwrite: a later `paratrain plan` into the same --out calibrates again in it
         cmd += ["--output-dir", str(folder), "--overwrite"]
         procs.append(_start(cmd, folder / "log.txt", threads))
+    if noisy_above is not None:
+        start = cal_cfg.train.max_steps - steps  # the measured steps' first
+        every = window_steps(steps)
+        total = len(range(-(-start // every) * every, cal_cfg.train.max_steps + 1, every)) - 1
+        noisy = watch_windows(procs, folders, start, total, noisy_above, timeout_s)
+        if noisy:
+            windows, total = noisy
+            median, cv = spread.of_windows(windows)
+            summary = {"spread": cv, "step_windows_s": windows, "step_time_s": median}
+            return {"summary": summary | {"stopped_at": [len(windows), total]}}
     codes = [_wait(proc, timeout_s) for proc in procs]
     results = []
     for code, folder in zip(codes, folders, strict=True):

@@ -16,11 +16,13 @@ from paratrain.plan import calibrate, predict, spread
 from paratrain.plan.model import Calibration, Links
 
 BUCKET = 25 * 2**20  # DDP's default bucket: the all-reduce size the link is measured at
+GPU_SCALES = [1, 2, 4, 8, 64]  # --gpus unless given, on GPUs (on the CPU: Plan.default_scales)
 
 
 @dataclass
 class PlanArgs:
-    gpus: list[int]
+    gpus: list[int] | None
+    """The scales to predict (None: Plan.default_scales)."""
     per_node: int | None = None
     bus_gbps: float | None = None
     inter_node_gbps: float | None = None
@@ -69,6 +71,7 @@ class Plan:
         # cores (at least 4); a larger scale spans machines like this one
         self.local = max(4, self.cores) if self.cpu else torch.cuda.device_count()
         self.per_node = args.per_node or (self.local if self.local > 1 else 8)
+        self.unit = "process" if self.cpu else "GPU"  # what a scale counts, in every line
         over = [n for n in args.measure or [] if n > self.local]
         if over:
             raise UserError(
@@ -81,6 +84,17 @@ class Plan:
         self.load = spread.load_note(self.cores)  # said before the timings it may disturb
         if self.load:
             print(f"plan: {self.load}; the calibrations may be noisy", flush=True)
+
+    def default_scales(self) -> list[int]:
+        """On GPUs GPU_SCALES; on the CPU the processes of this machine (powers of two up to
+        it, and it): a scale beyond it would be machines like this one joined by a network
+        nothing here measures, so it is planned only when --gpus names it."""
+        if not self.cpu:
+            return list(GPU_SCALES)
+        out = [1]
+        while out[-1] * 2 <= self.per_node:
+            out.append(out[-1] * 2)
+        return sorted({*out, self.per_node})
 
     def threads(self, n: int) -> int | None:
         """CPU threads per process at N local processes, as `paratrain run` gives them
@@ -124,6 +138,8 @@ class Plan:
                     threads=threads,
                     wrapper=wrapper,
                     copies=copies,
+                    # watched: a calibration stopped at its first noisy window (spread.py)
+                    noisy_above=None if self.args.allow_noisy else spread.LIMIT,
                 ),
                 f"one device ({wrapper}{what}{also})",
                 tries=self.args.tries,
@@ -222,9 +238,10 @@ def measured_runs(plan: Plan, rows: list[dict]) -> list[dict]:
 
 
 def assumptions(plan: Plan, links: Links) -> list[str]:
+    unit = plan.unit
     lines = [
-        "per-GPU batch fixed for the data-parallel strategies (N replicas); tensor and pipeline "
-        "parallel train one replica over N GPUs",
+        f"per-{unit} batch fixed for the data-parallel strategies (N replicas); tensor and "
+        f"pipeline parallel train one replica over N {predict.plural(unit)}",
         f"link: {describe_links(plan, links)}",
         "DDP: buckets all-reduce under the backward, the last bucket exposed; FSDP: the "
         "all-gathers and reduce-scatters hidden under forward + backward as far as they fit",
@@ -245,16 +262,19 @@ def assumptions(plan: Plan, links: Links) -> list[str]:
 
 def describe_links(plan: Plan, links: Links) -> str:
     if links.measured:
-        inside = ", ".join(f"{g:.2f} GB/s at {n}" for n, g in links.measured)
+        inside = ", ".join(f"{predict.bandwidth(g)} at {n}" for n, g in links.measured)
         inside = f"measured all-reduce bus bandwidth {inside}"
     else:
-        inside = f"{links.intra_gbps:g} GB/s within a node (stated)"
+        inside = f"{predict.bandwidth(links.intra_gbps)} within a node (stated)"
+    node = "machine" if plan.cpu else "node"
     across = (
-        f"; {links.inter_gbps:g} GB/s across nodes (stated)"
+        f"; {predict.bandwidth(links.inter_gbps)} across {node}s (stated)"
         if links.inter_gbps
-        else "; across nodes as within (no --inter-node-gbps)"
+        else f"; across {node}s as within (no --inter-node-gbps)"
     )
-    return f"{inside}{across}; {links.per_node} GPUs per node"
+    if max(plan.args.gpus or [1]) <= links.per_node:
+        across = ""  # every scale within one
+    return f"{inside}{across}; {predict.count(links.per_node, plan.unit)} per {node}"
 
 
 def starved(plan: Plan, rows: list[dict]) -> str | None:
@@ -270,6 +290,7 @@ def starved(plan: Plan, rows: list[dict]) -> str | None:
 
 def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
     plan = Plan(cfg, args)
+    args.gpus = sorted(set(args.gpus or plan.default_scales()) | set(args.measure or []))
     args.out.mkdir(parents=True, exist_ok=True)
     cal = calibrate.from_result(plan.result(1))
     links = plan.links() if any(n > 1 for n in args.gpus) else Links(0.0, None, plan.per_node)
@@ -297,6 +318,8 @@ def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
     found = {
         "recipe": cfg.name,
         "device": "cpu" if plan.cpu else "cuda",
+        "unit": plan.unit,
+        "per_node": plan.per_node,
         "calibration": asdict(cal),
         "calibration_step_s": plan.result(1)["summary"]["step_time_s"],
         "calibration_step_spread": plan.result(1)["summary"]["spread"],
@@ -316,7 +339,7 @@ def run_plan(cfg: RunConfig, args: PlanArgs) -> dict:
         "links": {"description": describe_links(plan, links), "measured": plan.buses},
         "assumptions": assumptions(plan, links),
         "rows": rows,
-        "advice": predict.advice(rows, links),
+        "advice": predict.advice(rows, links, plan.unit),
     }
     found["starved"] = starved(plan, rows)
     if args.measure:
@@ -343,11 +366,21 @@ def scaling_cell(r: dict) -> str:
     return f"{r['scaling_efficiency']:.0%}" + (" ⚠" if scaling_flag(r) else "")
 
 
+def scale_cell(n: int, found: dict) -> str:
+    """N, and beyond one node (on the CPU: one machine like this) how many of them."""
+    per_node = found.get("per_node") or n
+    if n <= per_node:
+        return str(n)
+    node = "machine" if found.get("unit") == "process" else "node"
+    return f"{n} ({predict.count(-(-n // per_node), node)})"
+
+
 def print_header(console, found: dict) -> None:
     """One device's step and its parts, its spread; the noisy calibrations planned from."""
     cal = found["calibration"]
+    one = "one process's" if found.get("unit") == "process" else "one device's"
     console.print(
-        f"[bold]paratrain plan[/] {found['recipe']} on {found['device']}: one device's step "
+        f"[bold]paratrain plan[/] {found['recipe']} on {found['device']}: {one} step "
         f"{found['calibration_step_s'] * 1000:,.1f} ms (forward {cal['forward_s'] * 1000:,.1f}, "
         f"backward {cal['backward_s'] * 1000:,.1f}, optimizer {cal['optimizer_s'] * 1000:,.1f}, "
         f"other {cal['other_s'] * 1000:,.1f}; spread {found['calibration_step_spread']:.0%}), "
@@ -372,15 +405,16 @@ def print_plan(found: dict) -> None:
     print_header(console, found)
     measured = {(m["strategy"], m["gpus"]): m for m in found.get("measured", [])}
     table = Table()
+    unit = found.get("unit", "GPU")
     columns = [
         "strategy",
-        "GPUs",
+        predict.plural(unit),
         "step ms",
         "samples/s",
         "scaling",
         "comm ms",
         "exposed",
-        "memory/GPU",
+        f"memory/{unit}",
     ]
     if measured:
         columns += ["measured ms", "error", "measured memory"]
@@ -389,7 +423,7 @@ def print_plan(found: dict) -> None:
     for r in found["rows"]:
         cells = [
             r["strategy"],
-            str(r["gpus"]),
+            scale_cell(r["gpus"], found),
             f"{r['step_s'] * 1000:,.1f}",
             f"{r['samples_per_s']:,.1f}",
             scaling_cell(r),

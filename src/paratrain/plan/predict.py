@@ -139,9 +139,9 @@ def plan_rows(
     return rows
 
 
-def advice(rows: list[dict], links: Links) -> list[str]:
+def advice(rows: list[dict], links: Links, unit: str = "GPU") -> list[str]:
     """Where a strategy stops fitting, where communication starts to dominate, which is
-    fastest at each scale."""
+    fastest at each scale; `unit`: what a scale counts ("GPU", or "process" on the CPU)."""
     lines = []
     by = {}
     for r in rows:
@@ -152,20 +152,13 @@ def advice(rows: list[dict], links: Links) -> list[str]:
         if misfit:
             first = misfit[0]
             lines.append(
-                f"{name} does not fit at {_gpus(first['gpus'])}: {first['memory_bytes'] / 2**30:,.1f} "
-                f"GiB per GPU of {first['memory_limit'] / 2**30:,.1f}"
+                f"{name} does not fit at {count(first['gpus'], unit)}: "
+                f"{first['memory_bytes'] / 2**30:,.1f} GiB per {unit} of "
+                f"{first['memory_limit'] / 2**30:,.1f}"
             )
         heavy = [r for r in rs if r["exposed_share"] >= 0.2]
         if heavy and name == "ddp":
-            r = heavy[0]
-            over = f"{r['bus_gbps']:g} GB/s"
-            fix = (
-                "HSDP or local SGD" if r["gpus"] > links.per_node else "FSDP's overlap or local SGD"
-            )
-            lines.append(
-                f"DDP exposes {r['exposed_share']:.0%} communication at {_gpus(r['gpus'])} over "
-                f"{over}; {fix}"
-            )
+            lines.append(exposed_ddp(heavy[0], rows, links, unit))
     for n in sorted({r["gpus"] for r in rows}):
         # local SGD learns differently: the fastest of the exact strategies
         fitting = [
@@ -175,12 +168,52 @@ def advice(rows: list[dict], links: Links) -> list[str]:
             best = max(fitting, key=lambda r: r["samples_per_s"])
             eff = best["scaling_efficiency"]
             lines.append(
-                f"fastest at {_gpus(n)}: {best['strategy']} "
+                f"fastest at {count(n, unit)}: {best['strategy']} "
                 f"({best['samples_per_s']:,.1f} samples/s, {eff:.0%} of linear)"
                 + arith.suspect(eff * n, n)
             )
     return lines
 
 
-def _gpus(n: int) -> str:
-    return f"{n} GPU{'s' if n != 1 else ''}"
+def exposed_ddp(r: dict, rows: list[dict], links: Links, unit: str) -> str:
+    """The sentence for DDP's first scale whose exposed communication is a fifth of its step or
+    more: the share, the link it crosses, and what the strategies that hide more expose there
+    (their rows at the same scale), or which would."""
+    n = r["gpus"]
+    line = (
+        f"At {count(n, unit)} DDP spends {r['exposed_share']:.0%} of its step waiting for "
+        f"communication (its all-reduce at {bandwidth(r['bus_gbps'])}"
+        + (" across nodes" if n > links.per_node else "")
+        + ")"
+    )
+    hiding = ("hsdp", "local_sgd") if n > links.per_node else ("fsdp", "local_sgd")
+    there = [x for x in rows if x["gpus"] == n and x["plan_strategy"] in hiding]
+    if there:
+        first, *rest = there
+        others = f"{first['strategy']} waits {first['exposed_share']:.0%} of its step" + "".join(
+            f" and {x['strategy']} {x['exposed_share']:.0%}" for x in rest
+        )
+        return f"{line}; at that scale {others}."
+    names = " or ".join(
+        {"hsdp": "HSDP", "fsdp": "FSDP", "local_sgd": "local SGD"}[h] for h in hiding
+    )
+    return f"{line}; {names} would hide more of it."
+
+
+def bandwidth(gbps: float | None) -> str:
+    """A link's rate with 3 significant digits, in GB/s from 1 GB/s up, else in MB/s."""
+    if gbps is None:
+        return "an unmeasured rate"
+    value, unit = (gbps, "GB/s") if gbps >= 1 else (gbps * 1000, "MB/s")
+    if value >= 1000:
+        return f"{value:,.0f} {unit}"
+    return f"{value:#.3g}".rstrip(".") + f" {unit}"
+
+
+def count(n: int, unit: str = "GPU") -> str:
+    """'1 GPU', '8 GPUs', '4 processes'."""
+    return f"1 {unit}" if n == 1 else f"{n} {plural(unit)}"
+
+
+def plural(unit: str) -> str:
+    return f"{unit}es" if unit.endswith("s") else f"{unit}s"
