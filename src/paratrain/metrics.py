@@ -164,6 +164,21 @@ def _finite(value: Any, name: str, bad: list[str]) -> Any:
     return value
 
 
+WIDE = 10_000
+"""A console's width when its output is no terminal: rich would wrap lines at 80 columns."""
+
+
+def console(**kwargs):
+    """A rich Console for paratrain's printed lines and tables: a terminal's own width, else
+    (a log file, a pipe, `| tee`) lines left whole, each table as wide as its cells."""
+    from rich.console import Console
+
+    out = Console(**kwargs)
+    if out.is_terminal:
+        return out
+    return Console(width=WIDE, soft_wrap=True, **kwargs)
+
+
 class Progress:
     """Rank 0's bar: steps, unique samples/s, loss and ETA (rich). Others get a no-op."""
 
@@ -191,6 +206,7 @@ class Progress:
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
+            console=console(),  # its lines above it (the epochs') whole in a log file
         )
         self._task = self._bar.add_task(description, total=total_steps, rate="", loss="-")
         self._bar.start()

@@ -41,10 +41,11 @@ def run(
 
 
 def print_report(found: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from paratrain.metrics import console as wide_console
+
+    console = wide_console()  # in a log file or a pipe, each bullet and the table whole
     f = found["facts"]
     console.print(
         f"[bold]paratrain doctor[/]: torch {f['torch']}, {f['cpu_cores']} CPU cores, "

@@ -396,12 +396,11 @@ def print_header(console, found: dict) -> None:
 
 
 def print_plan(found: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=140)  # a log file or a pipe: the whole table, not cut to 80
+    from paratrain.metrics import console as wide_console
+
+    console = wide_console()  # in a log file or a pipe, each line and the table whole
     print_header(console, found)
     measured = {(m["strategy"], m["gpus"]): m for m in found.get("measured", [])}
     table = Table()
