@@ -6,6 +6,7 @@ fastest for your model.
 """
 
 import logging
+import os
 import warnings
 
 from paratrain.version import __version__  # noqa: F401  (paratrain.__version__)
@@ -26,7 +27,7 @@ class _TorchaoKernels(logging.Filter):
     ("Failed to load .../_C_mxfp8...so: undefined symbol ...") in every process that imports
     it, a checkpoint's load included. paratrain's uses of torchao (float8 layers, low-bit
     optimizers) do not need those kernels: one line says so and where the mend is, once a
-    process; the others are dropped."""
+    process and on rank 0 only (every rank would say the same); the others are dropped."""
 
     said = False
 
@@ -34,7 +35,7 @@ class _TorchaoKernels(logging.Filter):
         message = record.getMessage()
         if not message.startswith("Failed to load ") and "incompatible torch" not in message:
             return True
-        if self.said:
+        if self.said or os.environ.get("RANK", "0") != "0":
             return False
         self.said = True
         record.msg, record.args = (

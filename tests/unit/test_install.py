@@ -280,9 +280,10 @@ def test_torchaos_failed_kernels_are_one_line_where_paratrain_imports_it(tmp_pat
 
     _plant(tmp_path, "torchao", TORCHAO_SAYS)
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = {k: v for k, v in os.environ.items() if k != "RANK"} | {"PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, "-c", "import paratrain, torchao, importlib; importlib.reload(torchao)"],
-        env={**os.environ, "PYTHONPATH": path},
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -291,6 +292,11 @@ def test_torchaos_failed_kernels_are_one_line_where_paratrain_imports_it(tmp_pat
     (line,) = proc.stderr.splitlines()
     assert "torchao's compiled kernels do not load" in line and "paratrain does not use" in line
     assert "python -m paratrain.install" in line
+    # rank 1 says nothing: rank 0 says it for the run
+    env["RANK"] = "1"
+    code = "import paratrain, torchao"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 def test_a_run_over_a_broken_torchvision_says_the_install_line_not_the_fork_servers(tmp_path):
