@@ -415,7 +415,8 @@ def probe() -> list[str]:
     from importlib import metadata
 
     imports = _import_outcomes()
-    if imports.get("triton"):  # what crashed after it, importing it, is its own line's
+    # a triton that crashed the child crashes what imports it after it: its own line says it
+    if CRASH in str(imports.get("triton")):
         imports = {k: v for k, v in imports.items() if CRASH not in str(v)} | {
             "triton": imports["triton"]
         }
