@@ -16,10 +16,12 @@ def add(sub) -> None:
         description="Calibrates the recipe on one device here (a short profiled run), measures "
         "the link where there are several devices (else --bus-gbps), and predicts DDP, FSDP, "
         "HSDP, local SGD, tensor and pipeline parallel at each scale: step time, samples/s, "
-        "scaling efficiency, exposed communication, memory per GPU and whether it fits. "
+        "scaling efficiency, exposed communication, memory per GPU and whether it fits (on the "
+        "CPU: per process, the scales this machine's processes). "
         "--measure runs the scales this machine has and prints each prediction beside its "
-        "measurement. A calibration whose step spreads (a loaded machine) is measured again, "
-        "and the plan refused if it stays noisy (--allow-noisy plans anyway). Writes plan.json.",
+        "measurement. A calibration whose step spreads (a loaded machine) is stopped at its "
+        "first noisy window and measured again, and the plan refused if it stays noisy (at "
+        "once on a loaded machine; --allow-noisy plans anyway). Writes plan.json.",
     )
     plan.add_argument("recipe", nargs="?", help="YAML recipe (none with --validate or --hardware)")
     plan.add_argument(
