@@ -22,6 +22,34 @@ HANGS = "watchdog.json"
 command to name them should the others' collectives give up (job.py)."""
 
 
+def hangs_file(where: Path, rank: int) -> Path:
+    """HANGS of the watchdog of `rank`: rank 0's watches every rank, rank 1's rank 0."""
+    return where / (HANGS if rank == 0 else f"watchdog.rank{rank}.json")
+
+
+GONE = ("Connection reset", "Connection closed", "Broken pipe")
+"""What a collective says when a peer's process is gone (gloo's and NCCL's own words; torch
+raises most of them as a plain RuntimeError) ..."""
+LATE = ("Timed out", "timed out")
+"""... and when it never came (stopped, hung, or gone)."""
+LINGER_S = 2.0
+
+
+def lost_peer(e: BaseException | dict, gone: bool = False) -> bool:
+    """A collective that failed for another rank (an exception, or its failure record); gone:
+    one whose process is gone, not only late."""
+    text = f"{e['type']}: {e['message']}" if isinstance(e, dict) else f"{type(e).__name__}: {e}"
+    words = GONE if gone else GONE + LATE
+    return "DistNetworkError" in text or any(w in text for w in words)
+
+
+def position_file(where: Path, rank: int) -> Path:
+    """In $PARATRAIN_ERROR_DIR: where a rank's loop last was ([step, phase]), kept by its
+    watchdog (trainer/watchdog.py's Position): a rank killed by a signal leaves no other
+    word."""
+    return where / f"position_rank_{rank:05d}.json"
+
+
 class UserError(ValueError):
     pass
 
@@ -52,10 +80,13 @@ def exit_code(fn: Callable[[], object]) -> int:
     try:
         fn()
     except UserError as e:
-        if where:
-            (Path(where) / f"rank_{rank:05d}.txt").write_text(one_line(e))
-        else:
-            print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
+        try:
+            if where:
+                (Path(where) / f"rank_{rank:05d}.txt").write_text(one_line(e))
+                return 2
+        except OSError:  # the launch's folder on the disk that filled: said here instead
+            pass
+        print(f"paratrain: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Interrupted as e:
         if not where:
@@ -72,6 +103,11 @@ def exit_code(fn: Callable[[], object]) -> int:
             raise
         if not any(Path(where).glob("rank_*.txt")):
             record_failure(Path(where), rank, e)
+        if lost_peer(e, gone=True):
+            # torchrun's agent reports one rank's end, the first it sees: the lost rank's (and
+            # the signal that ended it, its only word) rather than this one's; the agent ends
+            # this process meanwhile
+            time.sleep(LINGER_S)
         return 1
     return 0
 

@@ -3,8 +3,9 @@
 Every rank keeps its last `dist.flight_recorder` collectives (NCCL's and gloo's: the operation,
 its group and sequence number, its state, sizes, the Python stack that issued it). They are
 dumped to <output_dir>/flight_recorder/rank_<r>: by every rank's watchdog thread when the
-watchdog finds a rank behind (trainer/watchdog.py), and, under NCCL, by PyTorch itself when a
-collective times out. `paratrain flight DIR` reads the dumps and names, per process group, the
+watchdog finds a rank behind (trainer/watchdog.py), by a rank whose collective failed for a
+lost peer (killed, or stopped past the timeout: dump_after_failure), and, under NCCL, by
+PyTorch itself when a collective times out. `paratrain flight DIR` reads the dumps and names, per process group, the
 first collective that not every rank entered, which ranks did and did not, and where in the
 code each rank stands. (PyTorch's own analyzer, `torchfrtrace DIR`, reads the same files.)"""
 
@@ -16,7 +17,7 @@ import pickle
 import re
 from pathlib import Path
 
-from paratrain.errors import UserError
+from paratrain.errors import UserError, lost_peer
 
 PREFIX = "rank_"
 
@@ -50,6 +51,27 @@ def dump(folder: Path, rank: int, backend: str | None) -> Path | None:
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
+
+
+def dump_after_failure(e: BaseException, folder: Path | None, rank: int, backend: str | None):
+    """This rank's recorder, when a collective failed because of another rank (its peer was
+    killed, or stopped past dist.timeout_s): the dumps of those still alive name the
+    collective the lost rank did not enter (job.py's report). None when it was no such
+    failure."""
+    import torch.distributed as dist
+
+    if folder is None or backend is None or not dist.is_initialized():
+        return None
+    if not lost_peer(e):
+        return None
+    try:
+        if not (folder / "job.json").is_file():  # (a watchdog's note, when it spoke, stays)
+            folder.mkdir(parents=True, exist_ok=True)
+            note = {"world_size": dist.get_world_size(), "failed": {"rank": rank}}
+            (folder / "job.json").write_text(json.dumps(note))
+        return dump(folder, rank, backend)
+    except OSError:  # a full disk: the report goes on without it
+        return None
 
 
 def note_job(folder: Path, world: int, incident: dict) -> None:

@@ -21,8 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from paratrain import install
-from paratrain.errors import HANGS, INTERRUPTED, Interrupted, UserError, first_worker_error
+from paratrain.errors import (
+    INTERRUPTED,
+    Interrupted,
+    UserError,
+    first_worker_error,
+    lost_peer,
+    position_file,
+)
 from paratrain.flight import waited_in
+from paratrain.procs import oom_kills
 
 MARKER = "interrupt_requested"
 """The launch asked its workers to stop (a worker's SIGTERM then means the same)."""
@@ -36,6 +44,15 @@ def record_pid(where: str | None, rank: int) -> None:
 
 def worker_pids(where: Path) -> list[int]:
     return [int(p.read_text()) for p in sorted(where.glob("pid_rank_*")) if p.read_text()]
+
+
+def exits_of(error) -> dict[int, tuple[int, float]]:
+    """torchrun's ChildFailedError -> {rank: (exit code, when)}: a negative code is the
+    signal that ended the rank (the only word of a rank killed by one)."""
+    return {
+        int(rank): (int(f.exitcode), float(getattr(f, "timestamp", 0) or 0))
+        for rank, f in getattr(error, "failures", {}).items()
+    }
 
 
 @contextlib.contextmanager
@@ -80,11 +97,20 @@ def check_interrupted(where: Path) -> None:
         raise Interrupted(**json.loads(stopped[0].read_text()))
 
 
-def outcome(where: Path, run_dir: str | None) -> int:
+def outcome(
+    where: Path,
+    run_dir: str | None,
+    exits: dict[int, tuple[int, float]] | None = None,
+    ooms_before: int | None = None,
+) -> int:
     """How the workers ended, once: a user mistake (UserError), an interrupt (Interrupted), or
-    the rank that failed first, its exception and the user's frame in a few lines, the full
-    tracebacks in <run dir>/errors/rank<r>.txt, and where the install explains it (a failed
-    import), the install's problems with their mends -> exit code 1."""
+    where the failure began, then the rank that failed first, its exception and the user's
+    frame in a few lines, the full tracebacks in <run dir>/errors/rank<r>.txt, and where the
+    install explains it (a failed import), the install's problems with their mends -> exit
+    code 1. Where it began: a rank a signal killed (`exits`, torchrun's {rank: (exit code,
+    when)}: negative for a signal; `ooms_before`, the OOM killer's count when the launch
+    began), or a rank found stopped, before the others' errors, which are only what followed
+    (a connection reset, a collective that gave up)."""
     mistake = first_worker_error(where)
     if mistake:
         raise UserError(mistake)
@@ -100,38 +126,155 @@ def outcome(where: Path, run_dir: str | None) -> int:
             file=sys.stderr,
         )
         return 130
-    hang = hang_line(where, run_dir)
+    lead, then = origin(where, run_dir, failures, exits or {}, ooms_before)
     if not failures:
-        print(
-            hang[0] if hang else "paratrain: training failed; the workers' errors are above",
-            file=sys.stderr,
-        )
+        print(lead or silent_end(exits or {}), file=sys.stderr)
         return 1
     first = failures[0]
-    if hang and (hang[1]["since"] > first["time"] or hang[1]["rank"] == first["rank"]):
-        hang = None  # it began after the first failure, or the rank itself raised: no hang
     # a failed import far from its cause (a torchvision of another build than torch's): the
     # install check's line says which package and how to mend it
     mends = install.explain(first["type"], first["traceback"])
-    report = failure_report(failures, save_tracebacks(failures, run_dir), hang and hang[0], mends)
+    paths = save_tracebacks(failures, run_dir)
+    report = failure_report(failures, paths, lead, mends, then)
     print(report, file=sys.stderr)
     return 1
 
 
-def hang_line(where: Path, run_dir: str | None) -> tuple[str, dict] | None:
-    """The rank rank 0's watchdog last found stopped (or behind) and the collective the others
-    wait in for it (the flight recorder's dumps) -> (the line, the watchdog's record). The first rank to
-    fail is then only the first whose collective gave up (dist.timeout_s): the news is the
-    rank it waited for."""
-    try:
-        hangs = json.loads((where / HANGS).read_text())
-    except (OSError, ValueError):
+def origin(
+    where: Path,
+    run_dir: str | None,
+    failures: list[dict],
+    exits: dict[int, tuple[int, float]],
+    ooms_before: int | None,
+) -> tuple[str | None, str]:
+    """The line that names where the failure began: a rank a signal killed, or one found
+    stopped or behind (None when the first failure itself is the news), and what the first
+    rank that raised then did."""
+    first = failures[0] if failures else None
+    hang = hang_line(where, run_dir)
+    if hang and first and (hang[1]["since"] > first["time"] or hang[1]["rank"] == first["rank"]):
+        hang = None  # it began after the first failure, or the rank itself raised: no hang
+    dead = killed(exits, failures) or unspoken(where, failures)
+    if dead and not (hang and (hang[1]["rank"] == dead[0] or hang[1]["since"] < dead[2])):
+        return killed_line(where, run_dir, dead, ooms_before), "failed without it"
+    return (hang[0] if hang else None), "gave up"
+
+
+def killed(
+    exits: dict[int, tuple[int, float]], failures: list[dict]
+) -> tuple[int, int, float] | None:
+    """The rank a signal ended before any rank failed in Python -> (rank, signal, when). It
+    left no record (a signal gives it no say); torchrun's agent ends the others after a
+    failure with SIGTERM (and SIGKILL 30 s later): those come after the first record."""
+    raised = {f["rank"] for f in failures}
+    first = failures[0]["time"] if failures else None
+    found = []
+    for rank, (code, when) in exits.items():
+        if code >= 0 or rank in raised:
+            continue
+        if first is not None and (-code == signal.SIGTERM or when > first + 1):
+            continue  # (when: torchrun's whole seconds)
+        found.append((-code == signal.SIGTERM, when, rank, -code))
+    if not found:
         return None
+    _, when, rank, sig = min(found)
+    return rank, sig, when
+
+
+def unspoken(where: Path, failures: list[dict]) -> tuple[int, int, float] | None:
+    """The rank whose loss the first failure reports (a lost peer) that left no record, where
+    torchrun saw the survivor end first: -> (rank, 0: its signal unknown, 0)."""
+    if not failures or not lost_peer(failures[0], gone=True):
+        return None
+    raised = {f["rank"] for f in failures}
+    started = sorted(int(p.name.split("_")[-1]) for p in where.glob("pid_rank_*"))
+    quiet = [r for r in started if r not in raised]
+    return (quiet[0], 0, 0.0) if quiet else None
+
+
+def killed_line(
+    where: Path, run_dir: str | None, dead: tuple[int, int, float], ooms_before: int | None
+) -> str:
+    """The line for a rank a signal killed: the signal, where the rank was (its watchdog's
+    position file) and the collective the others waited in (their flight recorder dumps)."""
+    rank, sig, _ = dead
+    how = signal_words(sig or signal.SIGKILL, ooms_before)
+    line = f"paratrain: rank {rank} was killed by {how}"
+    if not sig and not how.startswith("the kernel's OOM killer"):  # (its signal unknown)
+        kill = (
+            "kill -9; not the OOM killer" if "not the OOM" in how else "kill -9 or the OOM killer"
+        )
+        line = (
+            f"paratrain: rank {rank} ended without a word: killed by a signal (SIGKILL: {kill}), "
+            "or a crash in native code"
+        )
+    position = last_position(where, rank)
+    if position:
+        line += f" ({placed(*position)})"
+    collective = waited_in(Path(run_dir) / "flight_recorder", rank) if run_dir else None
+    return line + (f"; the others waited for it in {collective}" if collective else "")
+
+
+def signal_words(sig: int, ooms_before: int | None) -> str:
+    """SIGKILL comes from kill -9 or from the kernel's OOM killer: its count, read before the
+    launch and now, tells them apart where it can be read."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    if sig != signal.SIGKILL:
+        crash = {"SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code"}
+        crash["SIGABRT"] = "aborted by native code"
+        return f"{name} ({crash[name]})" if name in crash else name
+    now = oom_kills()
+    if ooms_before is None or now is None:
+        return "SIGKILL (kill -9, or the kernel's OOM killer)"
+    if now > ooms_before:
+        return "the kernel's OOM killer (SIGKILL: out of memory)"
+    return "SIGKILL (kill -9; not the OOM killer)"
+
+
+def last_position(where: Path, rank: int) -> tuple[int, str] | None:
+    try:
+        step, phase = json.loads(position_file(where, rank).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return int(step), str(phase)
+
+
+def placed(step: int, phase: str) -> str:
+    return f"in step {step}" if phase == "step" else f"{phase}, step {step}"
+
+
+def silent_end(exits: dict[int, tuple[int, float]]) -> str:
+    """No worker said why it ended: what torchrun saw of them."""
+    ended = sorted((r, code) for r, (code, _) in exits.items() if code)
+    if not ended:
+        return "paratrain: training failed; the workers' errors are above"
+    said = ", ".join(f"rank {r} exited with code {code}" for r, code in ended)
+    return f"paratrain: training failed: {said}, leaving no error of its own (see its output above)"
+
+
+def hang_line(where: Path, run_dir: str | None) -> tuple[str, dict] | None:
+    """The rank a watchdog last found stopped (or behind) and the collective the others wait
+    in for it (the flight recorder's dumps) -> (the line, the watchdog's record). Rank 0's
+    watchdog watches every rank, rank 1's watches rank 0 (errors.hangs_file). The first rank
+    to fail is then only the first whose collective gave up (dist.timeout_s): the news is the
+    rank it waited for."""
+    hangs = []
+    for path in sorted(where.glob("watchdog*.json")):
+        try:
+            hangs += json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
     if not hangs:
         return None
     h = min(hangs, key=lambda h: h["since"])  # the longest stopped
-    what = "stopped sending heartbeats" if h["silent"] else "fell behind"
-    line = f"paratrain: rank {h['rank']} {what} ({h['phase']}, step {h['step']})"
+    if h.get("stopped"):
+        what = "was stopped (SIGSTOP, or Ctrl-Z)"
+    else:
+        what = "stopped sending heartbeats" if h["silent"] else "fell behind"
+    line = f"paratrain: rank {h['rank']} {what} ({placed(h['step'], h['phase'])})"
     collective = waited_in(Path(run_dir) / "flight_recorder", h["rank"]) if run_dir else None
     line += f"; the others waited for it in {collective}" if collective else ""
     return line, h
@@ -158,16 +301,17 @@ def failure_report(
     paths: list[Path] | str,
     hang: str | None = None,
     mends: Sequence[str] = (),
+    then: str = "gave up",
 ) -> str:
-    """The rank that failed first (or, first, the rank a hang waited for: hang_line), its
-    exception, the user's frame and the exception that started its chain, where the tracebacks
-    are; then the install's problems that explain it."""
+    """The rank that failed first (or, first, where the failure began: a rank killed or
+    stopped, job.origin), its exception, the user's frame and the exception that started its
+    chain, where the tracebacks are; then the install's problems that explain it."""
     first = failures[0]
     others = len(failures) - 1
     saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
     failed = f"rank {first['rank']} failed first: {first['type']}: {first['message']}"
     if hang:
-        failed = f"then rank {first['rank']} gave up: {first['type']}: {first['message']}"
+        failed = f"then rank {first['rank']} {then}: {first['type']}: {first['message']}"
     lines = [
         *([hang] if hang else []),
         f"{'  ' if hang else 'paratrain: '}{failed}",

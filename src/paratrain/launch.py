@@ -213,4 +213,10 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None
     # the traceback of its own join, which says nothing about the worker: left out.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_join_trace)
 
-    elastic_launch(config=config, entrypoint=entrypoint)(cmd_args[-1])
+    try:
+        elastic_launch(config=config, entrypoint=entrypoint)(cmd_args[-1])
+    finally:
+        # this launch's fork server ends with it (Python would keep it until this process
+        # exits: a notebook's, a long-lived caller's)
+        with contextlib.suppress(OSError):
+            forkserver._forkserver._stop()

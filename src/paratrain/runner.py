@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from paratrain import job, launch, preload, runfolder
+from paratrain import job, launch, preload, procs, runfolder
+from paratrain.checkpoint import room
 from paratrain.config import to_yaml
 from paratrain.data import images
 from paratrain.errors import ERROR_DIR, UserError
@@ -67,6 +68,11 @@ def check_folders(cfg, overwrite: bool = False) -> None:
         )
     if resume and resume != "auto" and not Path(resume).exists():  # before any process starts
         raise UserError(f"checkpoint.resume: {resume} does not exist")
+    if resume and cfg.output_dir and room.writes(cfg.checkpoint):
+        # the run's checkpoints/, maybe a read-only copy; room for one as big as the resumed
+        folder = runfolder.checkpoint_dir(cfg, Path(cfg.output_dir))
+        writable_folder(str(folder), "checkpoint.dir")
+        room.preflight(cfg.checkpoint, folder)
     # checkpoint.resume=auto with nothing to resume starts a fresh run: refused as one where an
     # earlier run is (its files would be replaced, TensorBoard would hold both)
     fresh = not resume or (resume == "auto" and not _own_checkpoints(cfg))
@@ -213,12 +219,18 @@ def launch_workers(plan: RunPlan) -> int:
         # process's own value back afterwards (a notebook's next run reads it)
         threads_before = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
+        ooms = procs.oom_kills()  # (a SIGKILL's author: the OOM killer if this count rises)
         try:
-            with job.forwarded_signals(errors), launch.quiet_agent():
-                with preload.guarded(worker_imports(plan)) as names:
-                    launch.run_torchrun(argv, preload=names, entrypoint=forked)
-        except ChildFailedError:
-            return job.outcome(errors, cfg.output_dir)
+            with (
+                job.forwarded_signals(errors),
+                launch.quiet_agent(),
+                # none of the launch's processes outlives it (its workers' loader workers too)
+                procs.none_outlive(f"{ERROR_DIR}={errors}"),
+                preload.guarded(worker_imports(plan)) as names,
+            ):
+                launch.run_torchrun(argv, preload=names, entrypoint=forked)
+        except ChildFailedError as e:
+            return job.outcome(errors, cfg.output_dir, job.exits_of(e), ooms)
         except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)
             print(f"paratrain: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 1

@@ -1,13 +1,21 @@
 """Restarts and hangs on 2 CPU processes (gloo): two agents as two nodes, a worker killed with
 SIGKILL after step 3 under launch.max_restarts=1, both nodes' workers back, resumed from the
 newest checkpoint (step 2), bit-identical to an uninterrupted run (on one node the same is
-benchmarks/chaos/kill_resume.py's, 20 trials committed); a stopped rank named by the watchdog;
-a user mistake found in the workers ending the job once, with exit 2. The stopped rank's run
-(stalled, not interrupted) is also the two-node run's uninterrupted reference: one launch
-fewer."""
+benchmarks/chaos/kill_resume.py's, 20 trials committed); a stopped rank named by the watchdog,
+rank 0 too (by rank 1's), whether the stop ends or outlasts the collective timeout; a worker
+killed without restarts named with its signal, before the survivor's connection error, and
+none of the run's processes (its DataLoader workers, fork servers) left; a user mistake found
+in the workers ending the job once, with exit 2. The stopped rank's run (stalled, not
+interrupted) is also the two-node run's uninterrupted reference: one launch fewer."""
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
 
 import pytest
-from conftest import TINY_LM, final_weights, read_result, run_cli
+from conftest import RECIPES, TINY_LM, final_weights, read_result, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -68,26 +76,101 @@ def test_a_stopped_rank_is_named_and_its_stall_kept_out_of_throughput(stopped):
     assert "was entered by rank 0" in read.stdout and "but not by 1" in read.stdout, read.stdout
 
 
-def test_a_rank_stopped_past_the_collective_timeout_is_the_jobs_last_word(tmp_path):
-    """Rank 1 stopped for longer than dist.timeout_s (3 s): rank 0's collective gives up
-    first, yet the job's report names rank 1, the step it stopped after and the collective
-    rank 0 waited in; the watchdog (60 s asked) spoke within half the collective timeout."""
+def test_rank_0_stopped_past_the_collective_timeout_is_the_jobs_last_word(tmp_path):
+    """Rank 0 stopped for longer than dist.timeout_s (3 s): rank 1's collective gives up
+    first, yet the job's report names rank 0 (whose own watchdog stopped with it: rank 1's
+    watches it), the step it stopped after and the collective rank 1 waited in; the watchdog
+    (60 s asked) spoke within half the collective timeout."""
     out = tmp_path / "hung"
     p = run_cli(
         args(out, "dist.timeout_s=3", "checkpoint.every_steps=0"),
-        env={"PARATRAIN_FAULTS": "sigstop:rank=1:step=4:s=6"},
+        env={"PARATRAIN_FAULTS": "sigstop:rank=0:step=4:s=6"},
         check=False,
     )
     assert p.returncode == 1, p.stderr[-3000:]
-    assert "watchdog: rank 1 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
-    assert "(last: between steps, step 4)" in p.stderr, p.stderr[-3000:]
-    report = p.stderr[p.stderr.index("paratrain: rank 1 stopped") :].splitlines()
+    assert "watchdog (rank 1's): rank 0 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
+    assert "(last: between steps, step 4): its process is stopped" in p.stderr, p.stderr[-3000:]
+    report = p.stderr[p.stderr.index("paratrain: rank 0 was stopped") :].splitlines()
     assert report[0].startswith(
-        "paratrain: rank 1 stopped sending heartbeats (between steps, step 4); the others "
-        "waited for it in gloo:"
+        "paratrain: rank 0 was stopped (SIGSTOP, or Ctrl-Z) (between steps, step 4); the "
+        "others waited for it in gloo:"
     ), report
-    assert report[1].startswith("  then rank 0 gave up: ") and "Timed out" in report[1], report
+    assert report[1].startswith("  then rank 1 gave up: ") and "Timed out" in report[1], report
     assert "failed first" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+TINY_CPU = [
+    *("run", RECIPES / "tiny_cpu.yaml", "--nproc", 2),
+    *("--set", "log.progress=false", "--set", "train.eval=false"),
+]
+
+
+def test_a_stop_of_rank_0_that_ends_is_recorded(tmp_path):
+    """Rank 0 stopped 2.5 s after step 2, then continued: rank 1's watchdog names it while it
+    is stopped, and the run's result.json keeps the stop (rank 0's watchdog saw its own time
+    lost once it ran again)."""
+    out = tmp_path / "paused"
+    p = run_cli(
+        [*TINY_CPU, "--set", "train.max_steps=4", "--set", "dist.watchdog_s=1"]
+        + ["--output-dir", out],
+        env={"PARATRAIN_FAULTS": "sigstop:rank=0:step=2:s=2.5"},
+    )
+    assert "watchdog (rank 1's): rank 0 has sent no heartbeat" in p.stderr, p.stderr[-3000:]
+    assert "watchdog: rank 0 did not run for" in p.stderr, p.stderr[-3000:]
+    stops = read_result(out)["summary"]["stalls"]["stragglers"]
+    assert any(
+        s["rank"] == 0 and s.get("paused") and s["step"] == 2 and s["seconds"] > 1.5 for s in stops
+    ), stops
+
+
+def processes_with(entry: str) -> list[int]:
+    """The processes whose environment holds `entry` (NAME=value)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and entry.encode() in (p / "environ").read_bytes().split(b"\0"):
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+def test_a_killed_rank_is_named_with_its_signal_and_none_of_the_runs_processes_outlive_it(
+    tmp_path,
+):
+    """kill -9 of rank 1 after step 3 (launch.max_restarts=0), DataLoader workers on: the
+    report names rank 1, its signal and step, then rank 0's connection error; none of the
+    run's processes is left (the killed rank's loader worker and its fork server used to live
+    on, holding the command's stdout)."""
+    mark = f"PARATRAIN_TEST_RUN={uuid.uuid4()}"
+    out = tmp_path / "killed"
+    try:
+        # (a left process holding its stdout kept the command from ending: a time limit)
+        p = run_cli(
+            [*TINY_CPU, "--set", "train.max_steps=6", "--set", "launch.max_restarts=0"]
+            + ["--set", "data.num_workers=1", "--output-dir", out],
+            env={"PARATRAIN_FAULTS": "kill:rank=1:step=3", mark.split("=")[0]: mark.split("=")[1]},
+            check=False,
+            timeout=120,
+        )
+        assert p.returncode == 1, p.stderr[-3000:]
+        report = p.stderr[p.stderr.index("paratrain: rank 1 ") :].splitlines()
+        # (its signal, as torchrun saw it; unknown where torchrun saw rank 0 end first)
+        assert report[0].startswith(
+            ("paratrain: rank 1 was killed by SIGKILL (kill -9", "paratrain: rank 1 ended without")
+        ), report
+        assert "(between steps, step 3)" in report[0], report
+        # rank 0 failed on the lost connection (unless the agent ended it first)
+        assert len(report) == 1 or report[1].startswith("  then rank 0 failed without it: ")
+        assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        deadline = time.monotonic() + 5  # (multiprocessing's resource tracker ends after it)
+        while processes_with(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(mark) == []
+    finally:
+        for pid in processes_with(mark):  # (not left to the rest of the suite)
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_two_agents_as_two_nodes_restart_together_and_resume(tmp_path, stopped):

@@ -19,6 +19,7 @@ A manifest of checksums is its last file, and loading runs no code from it (inte
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import random
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from paratrain.checkpoint import integrity
+from paratrain.checkpoint import integrity, room
 from paratrain.errors import UserError
 
 
@@ -258,44 +259,55 @@ def save_checkpoint(
     rank, world = _rank_world()
     final = checkpoint_path(directory, state.step)
     tmp = final.with_name(f".{final.name}.tmp")
-    if rank == 0:
-        for stale in Path(directory).glob(".step_*.tmp"):  # a killed run's unfinished writes
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    torch.save(rng_state(device), tmp / f"rng_rank{rank:05d}.pt")
-    if replica is not None:  # sync.mode's replicas differ: this rank's own weights and state
-        torch.save(replica, tmp / f"replica_rank{rank:05d}.pt")
-    if rank == 0:
-        torch.save(
-            {
-                "loop": vars(state).copy(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "world_size": world,
-                "layout": layout or {},
-            },
-            tmp / _TRAIN_STATE,
+    # a full or read-only disk: one line (room.py); the unfinished folder removed, the
+    # checkpoints before it as they were
+    before = list_checkpoints(directory)
+    newest = before[-1] if before else None
+
+    def needed() -> int:
+        return room.folder_bytes(newest) if newest else room.state_bytes(model_state, optim_state)
+
+    saving = functools.partial(room.saving, Path(directory), tmp, state.step, needed, newest)
+    with saving():
+        if rank == 0:
+            for stale in Path(directory).glob(".step_*.tmp"):  # a killed run's unfinished writes
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        torch.save(rng_state(device), tmp / f"rng_rank{rank:05d}.pt")
+        if replica is not None:  # sync.mode's replicas differ: this rank's own weights and state
+            torch.save(replica, tmp / f"replica_rank{rank:05d}.pt")
+        if rank == 0:
+            torch.save(
+                {
+                    "loop": vars(state).copy(),
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "world_size": world,
+                    "layout": layout or {},
+                },
+                tmp / _TRAIN_STATE,
+            )
+        tensors = {"model": model_state, "optimizer": optim_state}
+        done = dict(tmp=tmp, final=final, directory=Path(directory), step=state.step, keep=keep)
+        done["owner"] = owner or {}
+        if not background:
+            dcp.save(tensors, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+            _barrier()
+            _complete(**done, group=None)
+            _barrier()
+            return final
+        # the copy to host memory happens here, before the step may change the weights
+        future = dcp.async_save(
+            tensors,
+            checkpoint_id=tmp,
+            process_group=saves.group,
+            no_dist=not dist.is_initialized(),
         )
-    tensors = {"model": model_state, "optimizer": optim_state}
-    done = dict(tmp=tmp, final=final, directory=Path(directory), step=state.step, keep=keep)
-    done["owner"] = owner or {}
-    if not background:
-        dcp.save(tensors, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        _barrier()
-        _complete(**done, group=None)
-        _barrier()
-        return final
-    # the copy to host memory happens here, before the step may change the weights
-    future = dcp.async_save(
-        tensors,
-        checkpoint_id=tmp,
-        process_group=saves.group,
-        no_dist=not dist.is_initialized(),
-    )
 
     def finish():
-        future.result()
-        _complete(**done, group=saves.group)
+        with saving():
+            future.result()
+            _complete(**done, group=saves.group)
 
     saves.start(finish)
     return final

@@ -20,6 +20,7 @@ from paratrain.checkpoint import (
     load_checkpoint,
     read_replica,
     resolve_resume,
+    room,
     save_checkpoint,
 )
 from paratrain.checkpoint.integrity import owner
@@ -63,6 +64,9 @@ class Checkpointer:
         self.owner: dict = {}
         """The run's id and the line of checkpoints this run continues (resume_if_asked):
         written into each checkpoint's manifest; pruning keeps to it."""
+        if env.is_main and room.writes(cfg):  # before step 1: room for one checkpoint
+            size = room.estimate(unwrap(held.model), held.optimizer)
+            room.check(ckpt_dir, size, "one checkpoint of this model and its optimizer")
 
     def due(self, step: int) -> bool:
         """Every checkpoint.every_steps, except the last step (the end of the run saves)."""

@@ -39,5 +39,11 @@ def train(plan) -> dict[str, Any]:
     try:
         with sdpa_priority(cfg.train.sdpa_backend), gc_schedule(cfg.train.gc_every_steps):
             return Trainer(plan, env).fit()
+    except Exception as e:
+        # a collective that failed for a lost rank: where this one waited, before the group ends
+        if cfg.dist.flight_recorder and cfg.output_dir and env.world_size > 1:
+            folder = Path(cfg.output_dir) / "flight_recorder"
+            flight.dump_after_failure(e, folder, env.rank, env.backend)
+        raise
     finally:
         pg.shutdown()
