@@ -209,6 +209,11 @@ class Task:
     held_out_line: Callable[[dict[str, Any]], str] | None = None
     """(result.json) -> the summary line's held-out part, where its metrics are not an
     accuracy or a loss (the GAN's two losses); None: held-out accuracy, else loss."""
+    footprint: Callable[[Any], dict[str, int] | None] | None = None
+    """(config) -> what its model takes, counted on the meta device (nothing allocated or
+    computed): parameters, trainable, saved_per_sample (the bytes autograd keeps for backward
+    per sample, in fp32), input_per_sample; None where it cannot tell. None: no estimate of a
+    run's memory for this task (runplan/cpu.py)."""
 
 
 @dataclass(frozen=True)

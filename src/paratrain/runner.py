@@ -19,7 +19,7 @@ from paratrain.config import to_yaml
 from paratrain.data import images
 from paratrain.errors import ERROR_DIR, UserError
 from paratrain.runfolder import restarted
-from paratrain.runplan import RunPlan
+from paratrain.runplan import RunPlan, cpu
 from paratrain.tasks import get_task
 from paratrain.trainer.loop import train
 from paratrain.worker import forked
@@ -164,6 +164,8 @@ def execute(plan: RunPlan, overwrite: bool = False) -> int:
             train(plan)
         return 0
     plan = with_output_dir(plan)  # named here: checked as a folder given would be
+    # a CPU run's memory against this machine's: a note, or refused before anything is claimed
+    plan = cpu.judged(plan)
     made = runfolder.made_for(Path(plan.config.output_dir))
     preflight(plan, overwrite)
     try:

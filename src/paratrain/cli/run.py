@@ -29,8 +29,10 @@ def add(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from paratrain.config import describe_keys, to_yaml
-    from paratrain.runplan import plan_of
+    from paratrain.runplan import levers, plan_of
 
     if args.list_keys:
         for key, default, doc in describe_keys():
@@ -47,10 +49,13 @@ def command(args: argparse.Namespace) -> int:
     if done:  # nothing left to train: said, not an error
         print(done, flush=True)
         return 0
+    before = ()
     if recipe is None and args.resume:  # the run's own config, the overrides on top
         recipe, overrides = resumed_run(args.resume, args.output_dir, overrides, args.overrides)
+        # its config.yaml holds the levers its plan decided: shown as decided, not as set
+        before = levers.decided_in(Path(recipe).parent / "plan.json")
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
-    plan = plan_of(recipe, overrides)
+    plan = plan_of(recipe, overrides, before)
     if args.print_config:
         print(to_yaml(plan.config), end="")
         return 0

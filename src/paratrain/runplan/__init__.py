@@ -27,7 +27,7 @@ from typing import Any
 from paratrain.config import RunConfig, from_dict
 from paratrain.errors import ConfigError, UserError
 from paratrain.protocols import Choice, Layout, Task
-from paratrain.runplan import checks, levers, sources, strategies
+from paratrain.runplan import checks, cpu, levers, sources, strategies
 from paratrain.runplan.sources import DataSource, ModelSource
 from paratrain.tasks import get_task, resolve_task
 
@@ -119,19 +119,21 @@ class RunPlan:
         return cls.from_dict(d)
 
 
-def resolve(cfg: RunConfig, *, given=(), world: int | None = None) -> RunPlan:
+def resolve(cfg: RunConfig, *, given=(), world: int | None = None, before=()) -> RunPlan:
     """The plan of `cfg` for `world` processes (default: what its launch settings and this
     machine make). `given`: the dotted keys the user set on the command line or in Python,
-    whose paths win over the recipe's. A conflict is a ConfigError: one line, exit 2."""
+    whose paths win over the recipe's. `before`: the levers an earlier plan of this run
+    decided (a resume of its config.yaml): shown as decided, not as set. A conflict is a
+    ConfigError: one line, exit 2."""
     try:
-        return _resolve(cfg, frozenset(given), world)
+        return _resolve(cfg, frozenset(given), world, tuple(before))
     except UserError:
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
-def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPlan:
+def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None, before) -> RunPlan:
     recipe_task = resolve_task(cfg.task, cfg.data.source)
     cfg, notes = sources.with_sources(cfg, given, recipe_task.reads)
     task = resolve_task(cfg.task, cfg.data.source)
@@ -167,14 +169,17 @@ def _resolve(cfg: RunConfig, given: frozenset[str], world: int | None) -> RunPla
     machine = levers.machine_of(device)
     chosen = [layout_choice] if layout_choice else []
     chosen += levers.decide(cfg, task, layout, machine)
+    chosen = levers.as_decided_before(chosen, before, given)
     cfg = from_dict(RunConfig, cfg.to_dict())  # the leaves' checks on the levers' values
     checks.check_sync_batchnorm(cfg, wrapper, device)
     checks.check_clipping(cfg, device)
     checks.check_bf16_weights(cfg, layout.uses, task)
     checks.check_compile_scope(cfg, layout.uses, task)
     task.check(cfg, layout)
+    notes += checks.unread_settings(cfg, task)
     checks.check_interleaved(cfg, degrees["pp"], task)
     notes += kernel_notes(cfg, task, device)
+    notes += cpu.half_precision_notes(cfg, task, device)
     # the decisions written into the config as it runs (config.yaml): resolving it again
     # gives the same plan
     cfg.task, cfg.strategy, cfg.data.sampler = task.name, asked_strategy, sampler
@@ -210,13 +215,14 @@ def kernel_notes(cfg: RunConfig, task: Task, device: str) -> list[str]:
     return [f"{' and '.join(asked)}: Triton kernels need a GPU; on {device}, PyTorch's arithmetic"]
 
 
-def plan_of(recipe, overrides: list[str] | None = None) -> RunPlan:
+def plan_of(recipe, overrides: list[str] | None = None, before=()) -> RunPlan:
     """A recipe (or the defaults) with `key=value` overrides, resolved: the overrides' paths
-    win over the recipe's."""
+    win over the recipe's; `before`: resolve's."""
     from paratrain.config import load_config, parse_override
 
     overrides = list(overrides or [])
-    return resolve(load_config(recipe, overrides), given=[parse_override(o)[0] for o in overrides])
+    given = [parse_override(o)[0] for o in overrides]
+    return resolve(load_config(recipe, overrides), given=given, before=before)
 
 
 def replicating(cfg: RunConfig, strategy: str) -> bool:

@@ -61,6 +61,11 @@ def decoder_tasks() -> str:
     return ", ".join(name for name in TASKS if get_task(name).decoder_levers)
 
 
+def image_tasks() -> str:
+    """The tasks that take the image levers (Task.image_levers), named in a refusal."""
+    return ", ".join(name for name in TASKS if get_task(name).image_levers)
+
+
 def check_bf16_weights(cfg, uses: frozenset[str], task: Task) -> None:
     """train.bf16_weights: bf16 weights whose fp32 masters MasterAdamW keeps."""
     if not cfg.train.bf16_weights:
@@ -261,6 +266,75 @@ def check_supported(task: Task, layout: Layout, strategy: str, precision: str) -
             f"precision: task {task.name} does not train in {precision}; it takes "
             f"{', '.join(sorted(task.precisions))}"
         )
+
+
+# Settings that switch on what only one kind of model has: on a task that does not read them
+# the run would not be what was asked, so they are refused: key -> (whether a value switches it
+# on, what it is for, the value that asks for nothing).
+SWITCHES = {
+    "model.kernels": (
+        lambda v: v not in ("auto", "none"),
+        "a language model's kernels (Liger's layers, a fused cross-entropy over the vocabulary)",
+        "none",
+    ),
+    "model.fp8": (lambda v: v != "none", "a language model's linear layers in float8", "none"),
+    "model.fp8_lm_head": (lambda v: v is True, "a language model's lm_head in float8", "false"),
+    "model.loss_chunk_tokens": (
+        lambda v: v > 0,
+        "a language model's lm_head and loss, a chunk of tokens at a time",
+        "0",
+    ),
+    "model.depthwise_conv": (
+        lambda v: v in ("shift-add", "triton"),
+        "an image model's depthwise convolutions",
+        "native",
+    ),
+    "model.stem_conv": (lambda v: v == "depthwise", "an image model's first convolution", "native"),
+    "model.batchnorm": (lambda v: v == "triton", "an image model's BatchNorm layers", "native"),
+    "model.sync_batchnorm": (
+        lambda v: v is True,
+        "an image model's BatchNorm statistics under DDP",
+        "false",
+    ),
+    "train.channels_last": (
+        lambda v: v is True,
+        "the models and batches of task {image_tasks} (NHWC)",
+        "false",
+    ),
+}
+
+
+def unread_settings(cfg, task: Task) -> list[str]:
+    """The settings this task does not read (its Task.unread; the image levers where it has
+    none) that the config gives a value of its own: a value that switches on what this model
+    does not have is refused (it can only be a mistake); any other (a size, a tokenizer, a
+    section of another task's) is said in a note: it does nothing here. -> the notes."""
+    import dataclasses
+
+    from paratrain.config import RunConfig
+    from paratrain.config.levers import PLAIN, get
+
+    default = RunConfig()
+    keys = [k for k in task.unread if "." in k]
+    for section in (k for k in task.unread if "." not in k):
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(get(cfg, section))]
+    if not task.image_levers:
+        keys.append("train.channels_last")
+    notes = []
+    for key in keys:
+        value = get(cfg, key)
+        if value == get(default, key) or (key in PLAIN and value == PLAIN[key]):
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if key in SWITCHES and SWITCHES[key][0](value):
+            _, what, off = SWITCHES[key]
+            what = what.format(image_tasks=image_tasks())
+            raise ValueError(
+                f"{key}: {text} is for {what}; task {task.name} does not apply it, so it would "
+                f"change nothing: set {key}={off} or drop it"
+            )
+        notes.append(f"{key}={text}: task {task.name} does not read it; it does nothing here")
+    return notes
 
 
 def check_sync_batchnorm(cfg, wrapper: str | None, device: str) -> None:

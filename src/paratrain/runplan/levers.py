@@ -137,6 +137,32 @@ def unsettled(plan):
     return cfg
 
 
+def as_decided_before(chosen: list[Choice], before, given=()) -> list[Choice]:
+    """A resumed run's config.yaml holds the values its first plan decided, so they come back
+    as set. Each lever that plan decided (auto or plain; `before`: its plan.json's levers) and
+    that holds that value still, not given again, is shown as it was: decided, with its reason;
+    what the user set stays set."""
+    decided = {c.key: c for c in before if c.by != "set"}
+    out = []
+    for c in chosen:
+        old = decided.get(c.key)
+        same = old is not None and c.by == "set" and old.value == c.value and c.key not in given
+        out.append(old if same else c)
+    return out
+
+
+def decided_in(plan_json) -> tuple[Choice, ...]:
+    """The levers a run folder's plan.json records (none if it has none or does not read)."""
+    import json
+    from pathlib import Path
+
+    try:
+        found = json.loads(Path(plan_json).read_text()).get("levers", ())
+        return tuple(Choice(**c) for c in found)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return ()
+
+
 def explicit(given: dict[str, Any]) -> list[Choice]:
     return [Choice(k, v, "as set", "set") for k, v in given.items() if v != "auto"]
 

@@ -25,15 +25,18 @@ def lines(plan, built: dict | None = None) -> list[str]:
 
 
 def lever_lines(plan) -> list[tuple[str, str]]:
-    """The levers the plan switched on, each with its reason; the rest in one line (plan.json
+    """Every lever the user set, as set (a value the user gave is never hidden in a summary);
+    then the levers the plan switched on, each with its reason; the rest in one line (plan.json
     holds every one with its reason)."""
+    out = [("lever", f"{c.key}={value_text(c.value)} (set)") for c in plan.levers if c.by == "set"]
     on = [c for c in plan.levers if c.by == "auto" and c.value != PLAIN[c.key]]
-    out = [("lever", f"{c.key}={value_text(c.value)}: {c.reason}") for c in on]
+    out += [("lever", f"{c.key}={value_text(c.value)}: {c.reason}") for c in on]
     plain = [c for c in plan.levers if c.by in ("auto", "plain") and c not in on]
     if plain and not on:  # a CPU, levers=plain: the reason most of them share
         reasons = [c.reason for c in plain]
         common = max(set(reasons), key=reasons.count)
-        out.append(("levers", f"plain ({common}; plan.json says why each)"))
+        others = "the others plain" if out else "plain"
+        out.append(("levers", f"{others} ({common}; plan.json says why each)"))
     elif plain:
         text = ", ".join(c.key.split(".")[1] for c in plain)
         out.append(("plain", f"{text} (plan.json says why each)"))

@@ -309,6 +309,28 @@ def build_model(ctx: BuildContext):
     return model, load_tokenizer(m.path, m.tokenizer)
 
 
+def footprint(cfg) -> dict[str, int] | None:
+    """The model's parameters (trainable: LoRA's adapters where it trains them) and one row's
+    saved activations at data.max_length with transformers' own loss (Task.footprint), counted
+    without data (models/footprint.py): the shape's or model.path's config.json, no weights
+    read."""
+    from paratrain.models.footprint import counted
+
+    m, rows = cfg.model, cfg.data.max_length
+
+    def build():
+        model = build_causal_lm(m.path, "random", m.shape, "sdpa", torch.float32, "meta", m.layers)
+        model.config.use_cache = False
+        use_own_masks(model, decoder_of(model))  # transformers' masks read values: fakes have none
+        return apply_lora(model, cfg.lora) if cfg.lora.enabled else model
+
+    def step(model):
+        ids = torch.zeros(1, rows, dtype=torch.long)
+        return model(input_ids=ids, labels=ids).loss
+
+    return counted(build, step, input_bytes=2 * rows * 8)  # the row and its labels
+
+
 def token_rows(ctx: BuildContext, tokenizer, vocab: int) -> tuple[list, list]:
     """-> (training rows, held-out rows): examples, packed into max_length rows if asked."""
     d, m = ctx.cfg.data, ctx.cfg.model
@@ -468,4 +490,5 @@ TASK = Task(
     export_format="huggingface",
     # peft imports transformers' models and the Llama classes
     imports=lambda cfg: ("transformers", "peft"),
+    footprint=footprint,
 )

@@ -168,6 +168,29 @@ TORCHVISION_MODELS = tuple(m for m in IMAGE_MODELS if m != "tiny_cnn")
 TORCHVISION_SOURCES = ("mnist", "imagefolder")
 
 
+def footprint(cfg) -> dict[str, int] | None:
+    """The model's parameters and one sample's saved activations (Task.footprint), counted
+    without data (models/footprint.py); paratrain's own builders only: a user's builder runs in the run's processes,
+    not before they start."""
+    from paratrain.models.footprint import counted
+
+    d = cfg.data
+    if cfg.model.name not in IMAGE_MODELS:
+        return None
+    channels = d.channels or (3 if d.source == "imagefolder" else 1)
+    side = d.image_size or (d.synthetic_size if d.source == "synthetic" else 28)  # MNIST's
+    classes = d.num_classes if d.source in ("synthetic", "imagefolder") else 10
+
+    def step(model):
+        x = torch.empty(1, channels, side, side)
+        return F.cross_entropy(model(x), torch.zeros(1, dtype=torch.long))
+
+    def build():
+        return build_model(cfg.model, classes, channels)
+
+    return counted(build, step, input_bytes=channels * side * side * 4)
+
+
 def imports(cfg) -> tuple[str, ...]:
     """torchvision where the model or the data source is built with it."""
     name = cfg.model.name
@@ -290,4 +313,5 @@ TASK = Task(
     unread=("lora", "gan", *IMAGE_UNREAD),
     image_levers=True,
     imports=imports,
+    footprint=footprint,
 )
