@@ -10,9 +10,10 @@ counted without data, times data.batch_size), and the loader's batches in flight
 the process itself (PyTorch and paratrain), the loader's worker processes, the backward's
 gradient buffers and the allocator's slack, and under fp16 or bf16 autocast the half copies it
 keeps beside the fp32 ones (models/footprint.py). So the figure is a floor: a run above the
-machine's memory cannot fit, and one near it may not. (MobileNetV2 at 64x64, batch 64, two
-processes: 457 MiB a process expected, 1,077 MiB peak resident measured a rank in fp32, 737
-in fp16; SOURCE's end_to_end.txt.)
+machine's memory cannot fit, and one near it may not. (The process itself: a rank of the tiny
+CNN's run peaked at 488 MiB resident, of the tiny Llama's at 643 MiB. MobileNetV2 at 64x64,
+batch 64, two processes: 457 MiB a process expected, 1,077 MiB peak resident measured a rank in
+fp32, 737 in fp16; SOURCE's end_to_end.txt.)
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def memory_line(plan, need: dict[str, float], machine) -> tuple[str, bool]:
         f"memory: about {size(per)} a process expected (activations {size(need['activations'])}"
         f" = {cfg.data.batch_size} samples x {size(need['per_sample'])}; weights, gradients and "
         f"{cfg.train.optimizer}'s state {size(need['state'])}; loader batches "
-        f"{size(need['loader'])}; not counted: PyTorch itself)"
+        f"{size(need['loader'])}; not counted: the process itself, ~0.5 GiB)"
     )
     total = per * plan.nproc
     if plan.nproc > 1:
