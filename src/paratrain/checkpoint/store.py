@@ -327,7 +327,7 @@ def _complete(
     if rank == 0:
         integrity.write_manifest(tmp, step, {k: v for d in listed for k, v in d.items()}, owner)
         if final.exists():  # this line's own at this step is replaced; another's kept aside
-            if not owner or integrity.owner(final).get("lineage") != owner.get("lineage"):
+            if integrity.owner(final).get("lineage") != owner.get("lineage"):
                 set_aside(directory, [final], f"replaced-{final.name}")
             shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -355,8 +355,12 @@ def set_aside(directory: Path, checkpoints: list[Path], why: str) -> Path:
     """Checkpoints moved into <directory>/aside/<time>-<why>/ -> that folder."""
     import time
 
-    folder = Path(directory) / ASIDE / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
-    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
+    folder, n = Path(directory) / ASIDE / name, 1
+    while folder.exists():  # twice in a second: a folder each, nothing replaced
+        n += 1
+        folder = folder.with_name(f"{name}-{n}")
+    folder.mkdir(parents=True)
     for c in checkpoints:
         os.replace(c, folder / c.name)
     return folder
