@@ -51,7 +51,9 @@ def digests(files: list[Path]) -> dict[str, dict]:
     return {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
 
 
-def write_manifest(folder: Path, step: int, files: dict[str, dict], owner: dict | None) -> None:
+def write_manifest(
+    folder: Path, step: int, files: dict[str, dict], owner: dict | None = None
+) -> None:
     """Rank 0, after every rank's digests are in: the last file of the folder. owner: the run
     and the line of checkpoints it belongs to (`owner`)."""
     body = {"format": _FORMAT, "step": step, "files": dict(sorted(files.items()))}
