@@ -6,14 +6,13 @@ what this machine has (refused in one line only where it clearly cannot fit, els
 The memory a process expects, as counted here: the weights, gradients and optimizer state of
 the model's parameters (sharded ones divided over their ranks; DDP's gradient buckets), the
 activations autograd keeps for backward (the task's footprint: one sample's saved tensors
-counted without data, times data.batch_size), and the loader's batches in flight. Not counted:
-the process itself (PyTorch and paratrain), the loader's worker processes, the backward's
-gradient buffers and the allocator's slack, and under fp16 or bf16 autocast the half copies it
-keeps beside the fp32 ones (models/footprint.py). So the figure is a floor: a run above the
-machine's memory cannot fit, and one near it may not. (The process itself: a rank of the tiny
-CNN's run peaked at 488 MiB resident, of the tiny Llama's at 643 MiB. MobileNetV2 at 64x64,
-batch 64, two processes: 457 MiB a process expected, 1,077 MiB peak resident measured a rank in
-fp32, 737 in fp16; SOURCE's end_to_end.txt.)
+counted without data, times data.batch_size), the loader's batches in flight, and the process
+itself (PyTorch and paratrain: PROCESS). Not counted: the loader's worker processes, the
+backward's gradient buffers and the allocator's slack, and under fp16 or bf16 autocast the half
+copies it keeps beside the fp32 ones (models/footprint.py). So the figure is a floor: a run
+above the machine's memory cannot fit, and one near it may not. (MobileNetV2 at 64x64, batch
+64, two processes: 457 MiB a process expected before the process itself was counted, 1,077 MiB
+peak resident measured a rank in fp32, 737 in fp16; SOURCE's end_to_end.txt.)
 """
 
 from __future__ import annotations
@@ -35,6 +34,10 @@ SLOWER = {
 }
 IMAGE = ("mobilenet_v2", "tiny_cnn")
 SLOW = 1.5  # a factor below it is not worth a line: noise on a shared machine is about 1.2x
+
+# A process before its model and data: PyTorch and paratrain imported, resident (a rank of the
+# tiny CNN's run peaked at 488 MiB, of the tiny Llama's at 643 MiB: SOURCE's end_to_end.txt)
+PROCESS = 0.5 * 2**30
 
 # Bytes of optimizer state per trainable parameter of 4 bytes (twice for fp64's 8)
 OPTIMIZER_STATE = {"adamw": 2.0, "sgd": 1.0, "adamw8bit": 0.5, "adamw4bit": 0.25, "adamw-fp8": 0.5}
@@ -185,12 +188,12 @@ def size(n: float) -> str:
 def memory_line(plan, need: dict[str, float], machine) -> tuple[str, bool]:
     """-> (the line, whether it clearly cannot fit)."""
     cfg = plan.config
-    per = need["state"] + need["activations"] + need["loader"]
+    per = need["state"] + need["activations"] + need["loader"] + PROCESS
     text = (
         f"memory: about {size(per)} a process expected (activations {size(need['activations'])}"
         f" = {cfg.data.batch_size} samples x {size(need['per_sample'])}; weights, gradients and "
         f"{cfg.train.optimizer}'s state {size(need['state'])}; loader batches "
-        f"{size(need['loader'])}; not counted: the process itself, ~0.5 GiB)"
+        f"{size(need['loader'])}; the process itself about {size(PROCESS)})"
     )
     total = per * plan.nproc
     if plan.nproc > 1:
