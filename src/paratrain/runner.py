@@ -25,9 +25,10 @@ from paratrain.trainer.loop import train
 from paratrain.worker import forked
 
 
-def preflight(plan: RunPlan, overwrite: bool = False) -> None:
+def preflight(plan: RunPlan, overwrite: bool = False) -> dict | None:
     """Checks that need this machine (GPUs, files): done once, before any process starts;
-    then the run folder claimed (runfolder.claim: no earlier run there, or overwrite)."""
+    then the run folder claimed (runfolder.claim: no earlier run there, or overwrite) -> what
+    --overwrite set aside, for settled()."""
     cfg = plan.config
     check_devices(plan)
     if plan.multiprocess:
@@ -35,7 +36,7 @@ def preflight(plan: RunPlan, overwrite: bool = False) -> None:
     get_task(plan.task).preflight(cfg, plan.layout, plan.device == "cuda")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
         raise UserError("log.wandb: the wandb package is not installed (pip install wandb)")
-    check_folders(cfg, overwrite)
+    return check_folders(cfg, overwrite)
 
 
 def check_devices(plan: RunPlan) -> None:
@@ -55,9 +56,10 @@ def check_devices(plan: RunPlan) -> None:
         )
 
 
-def check_folders(cfg, overwrite: bool = False) -> None:
+def check_folders(cfg, overwrite: bool = False) -> dict | None:
     if cfg.output_dir:
         writable_folder(cfg.output_dir, "output_dir")
+        runfolder.check_checkpoint_dir(cfg)
     if cfg.checkpoint.dir:
         writable_folder(cfg.checkpoint.dir, "checkpoint.dir")
     resume = cfg.checkpoint.resume
@@ -76,8 +78,11 @@ def check_folders(cfg, overwrite: bool = False) -> None:
     # checkpoint.resume=auto with nothing to resume starts a fresh run: refused as one where an
     # earlier run is (its files would be replaced, TensorBoard would hold both)
     fresh = not resume or (resume == "auto" and not _own_checkpoints(cfg))
+    if cfg.output_dir and not restarted():
+        runfolder.recover(Path(cfg.output_dir))  # a replacement a killed command left undone
     if cfg.output_dir and fresh and not restarted():  # last: overwrite moves files
-        runfolder.claim(cfg, overwrite)
+        return runfolder.claim(cfg, overwrite)
+    return None
 
 
 def _own_checkpoints(cfg) -> bool:
@@ -159,17 +164,16 @@ def execute(plan: RunPlan, overwrite: bool = False) -> int:
         if int(os.environ.get("RANK", "0")) != 0:
             train(plan)
             return 0
-        preflight(plan, overwrite)
-        with settled(plan):
+        with settled(plan, preflight(plan, overwrite)):
             train(plan)
         return 0
     plan = with_output_dir(plan)  # named here: checked as a folder given would be
     # a CPU run's memory against this machine's: a note, or refused before anything is claimed
     plan = cpu.judged(plan)
     made = runfolder.made_for(Path(plan.config.output_dir))
-    preflight(plan, overwrite)
+    set_aside = preflight(plan, overwrite)
     try:
-        with settled(plan) as outcome:
+        with settled(plan, set_aside) as outcome:
             if plan.multiprocess:
                 outcome.code = launch_workers(plan)
             else:
@@ -184,10 +188,10 @@ class _Outcome:
 
 
 @contextlib.contextmanager
-def settled(plan: RunPlan):
+def settled(plan: RunPlan, set_aside: dict | None):
     """The run's end in the command that launched it, however it ends: its ledger's last look,
-    and what --overwrite set aside removed after a success or put back after a failure
-    (runfolder.settle)."""
+    and what this command's --overwrite set aside (`set_aside`) removed after a success or put
+    back after a failure (runfolder.settle)."""
     outcome = _Outcome()
     succeeded = False
     try:
@@ -195,7 +199,7 @@ def settled(plan: RunPlan):
         succeeded = outcome.code == 0
     finally:
         if plan.config.output_dir:
-            runfolder.settle(Path(plan.config.output_dir), succeeded)
+            runfolder.settle(Path(plan.config.output_dir), succeeded, set_aside)
 
 
 def launch_workers(plan: RunPlan) -> int:

@@ -19,6 +19,7 @@ A manifest of checksums is its last file, and loading runs no code from it (inte
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -98,7 +99,9 @@ def resolve_resume(path: str | Path, own: Path | None = None) -> Path | None:
             "one reads torch.distributed.checkpoint folders (step_*/). Its tensors still load "
             "with torch.load(path)['model']"
         )
-    for d in (p, p / "checkpoints"):
+    # a run folder's own checkpoints/ first: checkpoint folders of others beside them (a
+    # checkpoint.dir pointed at it) are not the run's
+    for d in (p / "checkpoints", p):
         found = list_checkpoints(d)
         if found:
             return _newest_good(found, d)
@@ -327,23 +330,54 @@ def _complete(
     if rank == 0:
         integrity.write_manifest(tmp, step, {k: v for d in listed for k, v in d.items()}, owner)
         if final.exists():  # this line's own at this step is replaced; another's kept aside
-            if integrity.owner(final).get("lineage") != owner.get("lineage"):
+            if integrity.owner(final).get("lineage") == owner.get("lineage"):
+                remove_checkpoint(final)
+            if final.exists():  # another line's, or a file of someone's in it
                 set_aside(directory, [final], f"replaced-{final.name}")
-            shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if keep:
             prune(directory, final, keep, owner)
 
 
 def prune(directory: Path, newest: Path, keep: int, owner: dict) -> None:
-    """checkpoint.keep: the oldest checkpoints of `owner`'s line beyond `keep` removed. Never
-    the one just written (`newest`), never one of another run or line (a save without an
+    """checkpoint.keep: the oldest checkpoints of `owner`'s run and line beyond `keep` removed.
+    Never the one just written (`newest`), never one of another run or line (a save without an
     owner prunes only checkpoints without one)."""
-    lineage = owner.get("lineage")
-    line = [c for c in list_checkpoints(directory) if integrity.owner(c).get("lineage") == lineage]
+    mine = {k: owner.get(k) for k in ("run", "lineage")}
+    line = [
+        c
+        for c in list_checkpoints(directory)
+        if {k: integrity.owner(c).get(k) for k in mine} == mine
+    ]
     for old in line[:-keep]:
         if old != newest:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_checkpoint(old)
+
+
+# What a checkpoint folder holds, as paratrain and DCP write it (integrity.own_files): what
+# removing one removes. A file of anyone else's in it stays, and so does the folder then.
+_CHECKPOINT_FILES = (
+    "__*_*.distcp",
+    ".metadata",
+    "train_state.pt",
+    "rng_rank*.pt",
+    "replica_rank*.pt",
+    integrity.MANIFEST,
+    f".{integrity.MANIFEST}.tmp",
+)
+
+
+def remove_checkpoint(folder: Path) -> None:
+    """A checkpoint's own files removed, then its folder if that leaves it empty."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for pattern in _CHECKPOINT_FILES:
+        for path in folder.glob(pattern):
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 ASIDE = "aside"

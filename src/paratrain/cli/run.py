@@ -65,27 +65,30 @@ def command(args: argparse.Namespace) -> int:
 
 
 def finished_run(resume: str, recipe: str | None = None) -> str | None:
-    """The line for `--resume` of a run folder that finished (its result.json is written only
-    at the end), or None; with a recipe, only where the recipe trains as long as the run did
-    (a longer one goes on)."""
+    """The line for `--resume <run folder>` of a run that finished (its result.json is written
+    only at the end, after its last checkpoint), or None: a checkpoint newer than result.json
+    (the run resumed or branched since, and stopped) goes on, and so does a checkpoint named
+    (step_*: the user picks where); with a recipe, only where the recipe trains as long as the
+    run did (a longer one goes on)."""
     import json
     from pathlib import Path
 
-    path = Path(resume)
-    found = (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file())
-    folder = next(found, None)
-    if folder is None or not (folder / "result.json").is_file():
+    from paratrain.checkpoint import list_checkpoints
+
+    folder = Path(resume)
+    result = folder / "result.json"
+    if not (folder / "config.yaml").is_file() or not result.is_file():
         return None
     if recipe is not None and _length(recipe) != _length(folder / "config.yaml"):
         return None
-    result = folder / "result.json"
     try:
         steps = json.loads(result.read_text())["summary"]["optimizer_steps"]
     except (ValueError, KeyError, TypeError):
         return None
-    # a later checkpoint: the finished run was resumed with more steps and stopped again
-    later = [p for p in folder.glob("checkpoints/step_*") if p.name[5:].isdigit()]
-    if any(int(p.name[5:]) > steps for p in later):
+    ckpts = Path(_checkpoint_dir(folder) or folder / "checkpoints")
+    written = [(c / "manifest.json") for c in list_checkpoints(ckpts)]
+    finished_at = result.stat().st_mtime_ns
+    if any(m.is_file() and m.stat().st_mtime_ns > finished_at for m in written):
         return None
     return (
         f"paratrain: {folder} is a finished run ({steps} steps; its result.json): nothing to "
@@ -100,7 +103,11 @@ def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str])
 
     from paratrain.errors import UserError
 
+    from paratrain.runfolder import recover
+
     path = Path(resume)
+    for p in (path, path.parent, path.parent.parent):
+        recover(p)  # an --overwrite a killed command left undone: its config.yaml back first
     folder = next(
         (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file()), None
     )

@@ -328,7 +328,16 @@ def footprint(cfg) -> dict[str, int] | None:
         ids = torch.zeros(1, rows, dtype=torch.long)
         return model(input_ids=ids, labels=ids).loss
 
-    return counted(build, step, input_bytes=2 * rows * 8)  # the row and its labels
+    from transformers.utils import logging as hf_logging
+
+    # the count is the launching command's, before the plan's lines: transformers' notes on
+    # the config it builds (its loss_type) are not the user's to read here
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return counted(build, step, input_bytes=2 * rows * 8)  # the row and its labels
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def token_rows(ctx: BuildContext, tokenizer, vocab: int) -> tuple[list, list]:

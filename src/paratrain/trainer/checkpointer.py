@@ -152,7 +152,8 @@ class Checkpointer:
         start = resolve_resume("auto", self.ckpt_dir) if restarted() else None
         if start is None and self.cfg.resume:
             start = resolve_resume(self.cfg.resume, self.ckpt_dir)
-        self.owner = pg.broadcast_object(self.line(start) if self.env.is_main else None)
+        decided = pg.broadcast_object(self.line(start) if self.env.is_main else None)
+        self.owner, later = decided
         if start is None:
             return LoopState()
         state = self.resume(start)
@@ -163,34 +164,35 @@ class Checkpointer:
                 f"({total} steps): nothing to train; raise train.max_steps or "
                 "train.epochs to go on"
             )
+        if later and self.env.is_main:  # the resume holds: the branch it leaves goes aside
+            folder = set_aside(
+                self.ckpt_dir, [self.ckpt_dir / n for n in later], f"after-{start.name}"
+            )
+            print(
+                f"paratrain: resuming from {start.name} starts a new line of checkpoints; the "
+                f"later ones ({', '.join(later)}) are kept in {folder}",
+                flush=True,
+            )
         return state
 
-    def line(self, start: Path | None) -> dict:
-        """Rank 0: whose this run's checkpoints are -> {"run", "lineage", "parent"}. The run
-        keeps its folder's id when it continues there. A resume from the newest checkpoint of
-        its folder continues that checkpoint's line; from an older one it starts a new line,
-        and the checkpoints after it (the branch left, a damaged newest) are moved aside into
-        <checkpoints>/aside/, named here, kept, never picked by --resume DIR."""
+    def line(self, start: Path | None) -> tuple[dict, list[str]]:
+        """Rank 0: whose this run's checkpoints are -> ({"run", "lineage", "parent"}, the
+        checkpoints after `start` to set aside once the resume holds). The run keeps its
+        folder's id when it continues there. A resume from the newest checkpoint of the folder,
+        of this run, continues that checkpoint's line; from an older one (or another run's) it
+        starts a new line, and the checkpoints after it (the branch left, a damaged newest) are
+        moved aside into <checkpoints>/aside/, named, kept, never picked by --resume DIR."""
         continues = restarted() or bool(self.cfg.resume)
         run = (runfolder.run_id(self.out_dir) if continues else None) or runfolder.new_id()
         if start is None:
-            return {"run": run, "lineage": runfolder.new_id(), "parent": None}
+            return {"run": run, "lineage": runfolder.new_id(), "parent": None}, []
         held = owner(start)
-        later = [c for c in list_checkpoints(self.ckpt_dir) if step_of(c) > step_of(start)]
-        if not later:
+        later = [c.name for c in list_checkpoints(self.ckpt_dir) if step_of(c) > step_of(start)]
+        if not later and held.get("run") in (None, run):
             lineage = held.get("lineage") or runfolder.new_id()
-            return {"run": run, "lineage": lineage, "parent": held.get("parent")}
-        folder = set_aside(self.ckpt_dir, later, f"after-{start.name}")
-        print(
-            f"paratrain: resuming from {start.name} starts a new line of checkpoints; the "
-            f"later ones ({', '.join(c.name for c in later)}) are kept in {folder}",
-            flush=True,
-        )
-        return {
-            "run": run,
-            "lineage": runfolder.new_id(),
-            "parent": [held.get("lineage"), step_of(start)],
-        }
+            return {"run": run, "lineage": lineage, "parent": held.get("parent")}, []
+        parent = [held.get("lineage"), step_of(start)]
+        return {"run": run, "lineage": runfolder.new_id(), "parent": parent}, later
 
     def resume(self, path: Path) -> LoopState:
         """The checkpoint at `path` loaded into the model, optimizer and scaler -> its loop

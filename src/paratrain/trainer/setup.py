@@ -327,7 +327,7 @@ def write_plan(run: Built, run_id: str) -> None:
         from paratrain.config import to_yaml
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        start_ledger(out_dir, run_id, run.ckpt_dir, new_session=not restarted())
+        start_ledger(out_dir, run_id, new_session=not restarted())
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
         cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
