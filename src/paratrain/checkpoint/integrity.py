@@ -10,10 +10,13 @@ is named, and `checkpoint.resume=auto` falls back to the previous good one.
 DCP's own loading unpickles its `.metadata` file and reads non-tensor values (optimizer
 hyper-parameters) with torch.load(weights_only=False): a checkpoint from someone else could run
 anything on every rank. Here `.metadata` is read, by every check and every load, by an
-unpickler that builds only an exact list of DCP's metadata classes (safe_reader), and every
-non-tensor value passes torch.load(weights_only=True) before DCP sees it; paratrain's own files
-(train_state.pt, rng_rank*.pt, replica_rank*.pt) hold tensors and plain types and load with
-weights_only=True. A refusal names the file and the global or opcode it asked for.
+unpickler that builds only an exact list of DCP's metadata classes (safe_reader), its storage
+entries may name only files of the folder its manifest lists (DCP would read a tensor from any
+path they give), and every non-tensor value is read once, by torch.load(weights_only=True), and
+stored by the planner itself; paratrain's own files (train_state.pt, rng_rank*.pt,
+replica_rank*.pt) hold tensors and plain types and load with weights_only=True. A refusal names
+the file and the global or opcode it asked for; a file that does not load at all (empty, cut
+short, another format) is named as unreadable.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -80,9 +84,8 @@ def problem(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
     manifest = folder / MANIFEST
     if not manifest.is_file():
         return f"{folder.name} has no {MANIFEST} (never finished, or written before checksums)"
-    try:
-        listed = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError):
+    listed = _listed(folder)
+    if listed is None:
         return f"{folder.name}/{MANIFEST} is not a paratrain manifest"
     i, n = share
     for k, (name, want) in enumerate(sorted(listed.items())):
@@ -99,6 +102,33 @@ def problem(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
         if _sha256(path) != want["sha256"]:
             return f"{folder.name}/{name} does not match its checksum"
     return unsafe_metadata(folder) if i == 0 else None
+
+
+def _listed(folder: Path) -> dict[str, dict] | None:
+    """The manifest's files ({name: {"bytes", "sha256"}}), or None where it is not one a save
+    wrote: each name a file of the folder itself, each entry its size and digest (a hand-edited
+    or forged one is named, not a traceback)."""
+    try:
+        listed = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(listed, dict):
+        return None
+    for name, want in listed.items():
+        if not bare_name(name) or not isinstance(want, dict):
+            return None
+        size, digest = want.get("bytes"), want.get("sha256")
+        if type(size) is not int or size < 0 or not isinstance(digest, str):
+            return None
+    return listed
+
+
+def bare_name(name) -> bool:
+    """A file name of the folder itself: no separator, not `.` or `..` (a path that reaches
+    another folder, or the root, is none)."""
+    if not isinstance(name, str) or name in ("", ".", ".."):
+        return False
+    return not any(sep and sep in name for sep in ("/", "\\", os.sep, os.altsep, "\0"))
 
 
 # ---------------------------------------------------------------------------- no code on load
@@ -134,6 +164,11 @@ _ALLOWED = {
 _DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)}
 
 
+class _Refused(pickle.UnpicklingError):
+    """What _MetadataUnpickler will not build (a pickle that is merely damaged raises
+    UnpicklingError too, and is said to be unreadable instead)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's metadata classes and plain values only. Every opcode that reaches a callable
     (GLOBAL, STACK_GLOBAL, INST, and EXT1/2/4 through copyreg's registry) asks find_class
@@ -143,43 +178,70 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in _ALLOWED or (module == "torch" and name in _DTYPES):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the global {name} of {module}")
+        raise _Refused(f"the global {name} of {module}")
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError(f"a persistent id ({repr(pid)[:60]})")
+        raise _Refused(f"a persistent id ({repr(pid)[:60]})")
 
 
 def read_metadata(meta: Path):
     """DCP's .metadata, built by _MetadataUnpickler -> the Metadata object; UnsafeCheckpoint
-    naming the file and the global it asked for."""
+    naming the file and the global it asked for, or saying it is unreadable."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    where = f"{meta.parent.name}/{meta.name}"
     try:
         with open(meta, "rb") as f:
-            return _MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(
-            f"{meta.parent.name}/{meta.name} asks for {e}, which loading would run; refused"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - any unreadable pickle is a damaged file
-        raise UnsafeCheckpoint(
-            f"{meta.parent.name}/{meta.name} is unreadable ({type(e).__name__})"
-        ) from None
+            found = _MetadataUnpickler(f).load()
+    except _Refused as e:
+        raise UnsafeCheckpoint(f"{where} asks for {e}, which loading would run; refused") from None
+    except Exception as e:  # noqa: BLE001 - any other failure is a damaged file
+        raise UnsafeCheckpoint(f"{where} is unreadable ({unreadable(e)})") from None
+    if not isinstance(found, Metadata):
+        raise UnsafeCheckpoint(f"{where} holds a {type(found).__name__}, not DCP's metadata")
+    return found
+
+
+def _outside(folder: Path, storage) -> str | None:
+    """Where the metadata's storage entries send a read outside the checkpoint: DCP joins each
+    entry's relative_path to the folder, so an absolute path or `..` would read a tensor from
+    any file (unchecked by the manifest). Each must name a file of the folder its manifest
+    lists."""
+    if not isinstance(storage, dict):
+        return f"{folder.name}/.metadata has no storage entries (not DCP's metadata)"
+    listed = _listed(folder)
+    for index, info in storage.items():
+        name = getattr(info, "relative_path", None)
+        fqn = getattr(index, "fqn", index)
+        if not bare_name(name):
+            return (
+                f"{folder.name}/.metadata reads {fqn} from {str(name)[:120]!r}, outside the "
+                "checkpoint's folder; refused"
+            )
+        if listed is not None and name not in listed:
+            return (
+                f"{folder.name}/.metadata reads {fqn} from {name}, a file its {MANIFEST} does "
+                "not list; refused"
+            )
+    return None
 
 
 def unsafe_metadata(folder: Path) -> str | None:
-    """None when DCP's .metadata builds nothing but checkpoint metadata."""
+    """None when DCP's .metadata builds nothing but checkpoint metadata, and reads only the
+    files its manifest lists."""
     meta = folder / ".metadata"
     if not meta.is_file():
         return f"{folder.name} has no .metadata (not a torch.distributed.checkpoint folder)"
     try:
-        read_metadata(meta)
+        return _outside(folder, read_metadata(meta).storage_data)
     except UnsafeCheckpoint as e:
         return str(e)
-    return None
 
 
 def safe_reader(folder: Path):
     """DCP's FileSystemReader with its .metadata read by _MetadataUnpickler (DCP's own reader
-    unpickles it with pickle.load): every DCP load here goes through one."""
+    unpickles it with pickle.load), reading only files of the folder its manifest lists: every
+    DCP load here goes through one."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -191,23 +253,67 @@ def safe_reader(folder: Path):
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+        def read_data(self, plan, planner):
+            # here, not in read_metadata: DCP retries a failed metadata read and logs both
+            outside = _outside(Path(self.path), self.storage_data)
+            if outside:
+                raise UnsafeCheckpoint(outside)
+            return super().read_data(plan, planner)
+
     return SafeReader(str(folder))
 
 
-def refusal(error: Exception) -> str:
-    """torch.load(weights_only=True)'s refusal in a few words: the global it was asked for or
-    the pickle opcode it does not run (its message is a paragraph of advice)."""
+def asked_for(error: Exception) -> str | None:
+    """What torch.load(weights_only=True) refused, in a few words: the global it was asked for
+    or the pickle opcode it does not run (its message is a paragraph of advice); None for a
+    file it could not read at all."""
     import pickletools
 
-    text = str(error)
-    for line in text.splitlines():
+    if not isinstance(error, pickle.UnpicklingError):
+        return None
+    for line in str(error).splitlines():
         if "GLOBAL" in line:
             return line.strip().removeprefix("Trying to load ").rstrip(".")
         if line.startswith("Unsupported operand"):
             code = int(line.split()[-1]) if line.split()[-1].isdigit() else None
             names = {ord(op.code): op.name for op in pickletools.opcodes}
             return f"pickle opcode {names.get(code, code)}"
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    return None
+
+
+def refusal(error: Exception) -> str:
+    """asked_for, else the error's first line."""
+    text = str(error)
+    found = asked_for(error)
+    if found:
+        return found
+    return text.splitlines()[0][:200] if text.strip() else type(error).__name__
+
+
+def unreadable(error: Exception) -> str:
+    """Why a file did not load, in a few words: the exception's kind and its first line (an
+    empty file's EOFError says nothing more)."""
+    lines = str(error).strip().splitlines()
+    first = lines[0].strip()[:160] if lines else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def plain_file(path: Path, where: str = ""):
+    """One of paratrain's own files of a checkpoint (tensors and plain types) by
+    torch.load(weights_only=True) -> its value; UnsafeCheckpoint naming it and what it asked
+    for, or saying it is unreadable (empty, cut short, another format: a legacy tar,
+    TorchScript)."""
+    try:
+        with warnings.catch_warnings():  # a forged file's protocol: refused below, not warned of
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a file that does not load is named, whatever failed
+        what = asked_for(e)
+        if what:
+            raise UnsafeCheckpoint(
+                f"{where}{path} asks for {what}, which loading would run; refused"
+            ) from None
+        raise UnsafeCheckpoint(f"{where}{path} is unreadable ({unreadable(e)})") from None
 
 
 def _trusted_classes() -> list:
@@ -231,17 +337,27 @@ def trusted():
     return contextlib.nullcontext()
 
 
-def checked_bytes(value: io.BytesIO, name: str) -> io.BytesIO:
-    """A DCP non-tensor value (`name`), refused unless torch.load(weights_only=True) reads it
-    (with only _trusted_classes added)."""
+def checked_value(value: io.BytesIO, name: str):
+    """A DCP non-tensor value (`name`) -> the object, read by torch.load(weights_only=True)
+    (with only _trusted_classes added); UnsafeCheckpoint where it asks for more or does not
+    load."""
     try:
         with trusted(), warnings.catch_warnings():  # a forged value's protocol: refused below
             warnings.simplefilter("ignore", UserWarning)
-            torch.load(value, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(
-            f"its value {name} asks for {refusal(e)}, which loading would run; refused"
-        ) from None
+            return torch.load(value, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a value that does not load is named, whatever failed
+        what = asked_for(e)
+        if what:
+            raise UnsafeCheckpoint(
+                f"its value {name} asks for {what}, which loading would run; refused"
+            ) from None
+        raise UnsafeCheckpoint(f"its value {name} is unreadable ({unreadable(e)})") from None
+
+
+def checked_bytes(value: io.BytesIO, name: str) -> io.BytesIO:
+    """checked_value, and the bytes back for DCP's own load (where the planner cannot store
+    the checked object itself)."""
+    checked_value(value, name)
     value.seek(0)
     return value
 
@@ -269,22 +385,47 @@ def unwrapped():
 
 
 def safe_planners():
-    """DCP load planners whose non-tensor values pass checked_bytes first: (into a state dict,
-    into an empty one as format_utils' converter uses)."""
+    """DCP load planners whose non-tensor values are read once, by checked_value: (into a state
+    dict, into an empty one as format_utils' converter uses). DCP's own load_bytes reads them
+    with torch.load(weights_only=False); here the checked object is stored as it would store
+    its own, or (a torch whose planner keeps them elsewhere) checked first and handed on."""
     from torch.distributed.checkpoint.default_planner import (
         DefaultLoadPlanner,
         _EmptyStateDictLoadPlanner,
     )
 
+    try:  # private: where DCP's own load_bytes puts a value into a nested state dict
+        from torch.distributed.checkpoint._traverse import set_element
+    except ImportError:
+        set_element = None
+
+    def load_bytes(planner, read_item, value, plain) -> None:
+        fqn = read_item.dest_index.fqn
+        own = ("flatten_state_dict", "original_state_dict", "mappings", "state_dict")
+        if set_element is None or not all(hasattr(planner, a) for a in own):
+            plain(read_item, checked_bytes(value, fqn))
+            return
+        found = checked_value(value, fqn)
+        if planner.flatten_state_dict:
+            set_element(planner.original_state_dict, planner.mappings[fqn], found)
+        else:
+            planner.state_dict[fqn] = found
+
     class SafeLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
-            super().load_bytes(read_item, checked_bytes(value, read_item.dest_index.fqn))
+            load_bytes(self, read_item, value, super().load_bytes)
 
     class SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
         def load_bytes(self, read_item, value):
-            super().load_bytes(read_item, checked_bytes(value, read_item.dest_index.fqn))
+            load_bytes(self, read_item, value, super().load_bytes)
 
     return SafeLoadPlanner, SafeEmptyPlanner
+
+
+def checkpoint_index(folder: Path) -> dict:
+    """{tensor or value name: DCP's storage metadata of it (TensorStorageMetadata or
+    BytesStorageMetadata)} (after unsafe_metadata passed)."""
+    return dict(safe_reader(folder).read_metadata().state_dict_metadata)
 
 
 def checkpoint_keys(folder: Path) -> set[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import random
 import re
 import shutil
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from paratrain.checkpoint import integrity, room
+from paratrain.checkpoint import integrity, room, schema
 from paratrain.errors import UserError
 
 
@@ -158,17 +157,17 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _load_plain(path: Path) -> Any:
-    """paratrain's own files of a checkpoint: tensors and plain types only."""
+def _load_plain(path: Path, check=None) -> Any:
+    """paratrain's own files of a checkpoint: tensors and plain types only (integrity.plain_file);
+    check(value) -> what is wrong with its shape (schema.py), refused before anything uses it."""
     try:
-        with warnings.catch_warnings():  # a forged file's protocol: refused below, not warned of
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise UserError(
-            f"checkpoint.resume: {path} asks for {integrity.refusal(e)}, which loading would "
-            "run; refused"
-        ) from None
+        found = integrity.plain_file(path)
+    except integrity.UnsafeCheckpoint as e:
+        raise UserError(f"checkpoint.resume: {e}") from None
+    wrong = check(found) if check is not None else None
+    if wrong:
+        raise UserError(f"checkpoint.resume: {path}: {wrong} (not as paratrain writes it); refused")
+    return found
 
 
 def _options(model: torch.nn.Module, **extra):
@@ -425,6 +424,9 @@ def load_checkpoint(
     unsafe = integrity.unsafe_metadata(path)
     if unsafe:
         raise UserError(f"checkpoint.resume: {unsafe}")
+    # its shape checked before the weights change: a refused file leaves the model as it was
+    shape = functools.partial(schema.train_state_problem, loop_state=LoopState)
+    train_state = _load_plain(path / _TRAIN_STATE, shape)
     frozen, options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     optim_state, renamed = _aliased(optim_state, aliases or {}, integrity.checkpoint_keys(path))
@@ -455,13 +457,13 @@ def load_checkpoint(
         options=options,
     )
     keep_implementation(optimizer)
-    train_state = _load_plain(path / _TRAIN_STATE)
     if scaler is not None and train_state["scaler"] is not None:
         scaler.load_state_dict(train_state["scaler"])
     rank, world = _rank_world()
     same_roles = train_state.get("layout", {}).get("degrees") == (layout or {}).get("degrees")
     if train_state["world_size"] == world and same_roles:
-        set_rng_state(_load_plain(path / f"rng_rank{rank:05d}.pt"), device)
+        rng = _load_plain(path / f"rng_rank{rank:05d}.pt", schema.rng_problem)
+        set_rng_state(rng, device)
     writer = {"world_size": train_state["world_size"], **train_state.get("layout", {})}
     return LoopState(**train_state["loop"]), writer
 
@@ -519,8 +521,12 @@ def _aliased(optim_state: dict, aliases: dict, held: set) -> tuple[dict, dict]:
 def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
     """A checkpoint must hold this model's tensors, no fewer and no others (over all ranks: a
     pipeline stage has only its own), and the optimizer state of each (hyper-parameters may
-    differ between torch versions and are not compared). Collective."""
-    held = integrity.checkpoint_keys(path)
+    differ between torch versions and are not compared), each tensor stored as a tensor.
+    Collective."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    index = integrity.checkpoint_index(path)
+    held = set(index)
     want = {f"model.{k}" for k in model_state}
     want_optim = {f"optimizer.{k}" for k in optim_state if k.startswith("state.")}
     stored = {k for k in held if k.startswith("model.")}
@@ -549,6 +555,20 @@ def _check_keys(path: Path, model_state: dict, optim_state: dict) -> None:
         raise UserError(
             f"checkpoint.resume: {path} lacks optimizer state for this run "
             f"({names(want_optim - held)}); written with another train.optimizer?"
+        )
+    # a value declared where this run has a tensor would be loaded as that value (DCP reads
+    # what .metadata says), and reach the model or optimizer as something else
+    mine = {f"model.{k}": v for k, v in model_state.items()}
+    mine.update({f"optimizer.{k}": v for k, v in optim_state.items() if k.startswith("state.")})
+    values = {
+        k
+        for k, v in mine.items()
+        if isinstance(v, torch.Tensor) and not isinstance(index[k], TensorStorageMetadata)
+    }
+    if values:
+        raise UserError(
+            f"checkpoint.resume: {path} holds {len(values)} of this run's tensors as other "
+            f"values ({names(values)}): not a checkpoint paratrain wrote; refused"
         )
 
 
@@ -581,6 +601,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             )
     except integrity.UnsafeCheckpoint as e:
         raise UserError(f"{path}: {e}") from None
-    state.update(_load_plain(path / _TRAIN_STATE))
+    except Exception as e:  # a shard cut short or garbled: named, not a traceback
+        raise UserError(f"{path} is unreadable ({integrity.unreadable(e)})") from None
+    shape = functools.partial(schema.train_state_problem, loop_state=LoopState)
+    state.update(_load_plain(path / _TRAIN_STATE, shape))
     state["rng"] = [_load_plain(p) for p in sorted(path.glob("rng_rank*.pt"))]
     return state
