@@ -142,9 +142,10 @@ def _train_objects(plan, given: dict[str, Any], overwrite: bool) -> dict[str, An
             path = Path(scratch) / "objects.pkl"
             custom.write(path)
             os.environ[custom.OBJECTS_ENV] = str(path)
-            # classes the objects name by module (a module beside the calling script) import
-            # in the workers as here
-            here = [p for p in sys.path if p and Path(p).is_dir()]
+            # classes the objects name by module (a module beside the calling script, or in a
+            # notebook's folder: '' here) import in the workers as here (their own sys.path
+            # leaves the working directory out: launch.safe_path)
+            here = [p or os.getcwd() for p in sys.path if Path(p or ".").is_dir()]
             os.environ["PYTHONPATH"] = os.pathsep.join(
                 [*here, *filter(None, [saved["PYTHONPATH"]])]
             )

@@ -173,6 +173,27 @@ def _no_join_trace(record: logging.LogRecord) -> bool:
     return True
 
 
+SAFE_PATH = "PYTHONSAFEPATH"
+
+
+@contextlib.contextmanager
+def safe_path():
+    """The workers' Python without the working directory first on sys.path (PYTHONSAFEPATH=1,
+    Python 3.11+): the fork server starts as `python -c`, a worker as `python -m`, each of
+    which would otherwise put it there, and a numpy.py or yaml.py in the folder the user runs
+    from (a handed run folder's) would be imported in place of the library. A builder module
+    of the user's is still found: models.resolve_builder appends the working directory, last.
+    This process's own value back afterwards."""
+    before = os.environ.get(SAFE_PATH)
+    os.environ[SAFE_PATH] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(SAFE_PATH, None)
+        if before is not None:
+            os.environ[SAFE_PATH] = before
+
+
 def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None) -> None:
     """torchrun's own agent, in this process. With `preload` (the modules every worker
     imports), the agent forks its workers from a fork server that imported them once, instead
@@ -185,7 +206,8 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None
 
     # NCCL variables the user set are inherited by the workers unchanged; we add none.
     if not preload:
-        elastic_run(get_args_parser().parse_args(argv))
+        with safe_path():
+            elastic_run(get_args_parser().parse_args(argv))
         return
     import multiprocessing
     import uuid
@@ -214,7 +236,8 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_join_trace)
 
     try:
-        elastic_launch(config=config, entrypoint=entrypoint)(cmd_args[-1])
+        with safe_path():
+            elastic_launch(config=config, entrypoint=entrypoint)(cmd_args[-1])
     finally:
         # this launch's fork server ends with it (Python would keep it until this process
         # exits: a notebook's, a long-lived caller's)

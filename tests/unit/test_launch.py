@@ -130,3 +130,49 @@ def test_threads_a_process_keep_a_set_omp_num_threads(monkeypatch):
     assert threads_per_process(LaunchConfig(), 1) == cores()
     monkeypatch.setenv("OMP_NUM_THREADS", "many")  # not a count: as unset
     assert threads_per_process(LaunchConfig(), 1) == cores()
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_the_workers_python_imports_nothing_from_the_working_directory(
+    tmp_path, monkeypatch, forked
+):
+    """A numpy.py in the folder the user runs from (a handed run folder's) is not imported in
+    place of numpy by a launch's workers: the fork server starts as `python -c`, a worker as
+    `python -m`, and both would put the working directory first on sys.path. The agent is
+    stood in for by one that starts both kinds of process, as its own would, in the
+    environment the launch gives them."""
+    import os
+    import subprocess
+    import sys
+
+    from paratrain import launch
+
+    marker = tmp_path / "it-ran"
+    (tmp_path / "numpy.py").write_text(f"import os\nos.makedirs({str(marker)!r})\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    started = []
+
+    lib = tmp_path / "lib"  # a module to run with -m, found elsewhere, importing numpy
+    lib.mkdir()
+    (lib / "a_worker.py").write_text("import numpy\n")
+
+    def workers(*_):
+        started.append(os.environ.get("PYTHONSAFEPATH"))
+        env = {**os.environ, "PYTHONPATH": str(lib)}
+        for how in (["-c", "import numpy"], ["-m", "a_worker"]):
+            subprocess.run([sys.executable, *how], check=True, capture_output=True, env=env)
+
+    if forked:  # paratrain's forked workers: torch's launcher with a fork server
+        monkeypatch.setattr(
+            "torch.distributed.launcher.api.elastic_launch", lambda **_: lambda arg: workers()
+        )
+        monkeypatch.setattr(
+            "multiprocessing.forkserver._forkserver._stop", lambda: None, raising=False
+        )
+    else:  # torchrun's own: `python -m` workers
+        monkeypatch.setattr("torch.distributed.run.run", workers)
+    argv = torchrun_argv(LaunchConfig(), 2, Path("plan.json"))
+    launch.run_torchrun(argv, preload=("json",) if forked else ())
+    assert started == ["1"] and not marker.exists()
+    assert "PYTHONSAFEPATH" not in os.environ  # this process's own, as it was
