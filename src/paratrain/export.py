@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from paratrain.errors import UserError
+from paratrain.trust import reading_config_of
 
 
 def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = None) -> dict:
     """-> what was written: {"format", "files", "step", "source"}."""
-    from paratrain.checkpoint import read_checkpoint, resolve_resume
+    from paratrain.checkpoint import resolve_resume
     from paratrain.config import load_config
-    from paratrain.tasks import get_task
 
     source = resolve_resume(checkpoint)
     cfg_path = Path(config) if config else source.parent.parent / "config.yaml"
@@ -27,8 +27,15 @@ def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = 
             f"export: no run config at {cfg_path} (the run folder's config.yaml); name it with "
             "--config"
         )
-    cfg = load_config(cfg_path)
-    out = Path(out)
+    # a run folder's config: what lies beside the folder came with it (trust.py)
+    with reading_config_of(None if config else cfg_path.parent):
+        return _export(source, load_config(cfg_path), Path(out))
+
+
+def _export(source: Path, cfg, out: Path) -> dict:
+    from paratrain.checkpoint import read_checkpoint
+    from paratrain.tasks import get_task
+
     if out.exists() and any(out.iterdir()):
         raise UserError(f"export: {out} exists and is not empty; give a new folder")
     state = read_checkpoint(source)

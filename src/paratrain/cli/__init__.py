@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+from paratrain import trust
 from paratrain.cli import bench, comm, demo, doctor, export, flight, plan, report, run, tune
 from paratrain.errors import Interrupted, UserError, one_line
 
@@ -22,6 +23,9 @@ COMMANDS = (run, demo, bench, report, export, flight, doctor, plan, tune, comm)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the folder a command read its config from is that command's (a caller in one process:
+    # a notebook, the tests, runs several)
+    config_folder = os.environ.get(trust.CONFIG_FOLDER_ENV)
     try:
         return args.func(args)
     except UserError as e:
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug or a broken install: the traceback, and what mends the install
         add_install_notes(e)
         raise
+    finally:
+        trust.config_from(config_folder)
 
 
 def add_install_notes(e: BaseException) -> None:

@@ -16,11 +16,23 @@ def add(sub) -> None:
     export.add_argument("checkpoint", help="a checkpoint (step_*), or a run folder: its newest")
     export.add_argument("out", help="a new folder for the model")
     export.add_argument("--config", help="the run's config.yaml (default: the run folder's)")
+    export.add_argument(
+        "--trust-code",
+        action="store_true",
+        help="run the code the config names (a model folder's own modules, compile_options' "
+        "commands); as `paratrain run --trust-code`",
+    )
     export.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> int:
+    import os
+
     from paratrain.export import export
+    from paratrain.trust import TRUST_ENV
+
+    if args.trust_code:  # as `paratrain run --trust-code`; a config cannot set it
+        os.environ[TRUST_ENV] = "1"
 
     written = export(args.checkpoint, args.out, args.config)
     print(

@@ -54,6 +54,9 @@ def command(args: argparse.Namespace) -> int:
         recipe, overrides = resumed_run(args.resume, args.output_dir, overrides, args.overrides)
         # its config.yaml holds the levers its plan decided: shown as decided, not as set
         before = levers.decided_in(Path(recipe).parent / "plan.json")
+        from paratrain.trust import config_from
+
+        config_from(Path(recipe).parent)  # modules beside a handed run folder are not yours
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
     plan = plan_of(recipe, overrides, before)
     if args.print_config:

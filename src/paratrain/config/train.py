@@ -71,7 +71,9 @@ class TrainConfig:
     for a longer compile. decoder: one process (strategy single)."""
     compile_options: dict[str, Any] = field(default_factory=dict)
     """Inductor settings applied on top of compile_mode's own (torch._inductor.list_mode_options),
-    e.g. coordinate_descent_tuning: true or triton.cudagraphs: true; unknown names are refused."""
+    e.g. coordinate_descent_tuning: true or triton.cudagraphs: true; unknown names are refused,
+    and so is a string or list value (a command or path inductor would run: cpp.cxx) unless you
+    trust the config's code (--trust-code)."""
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """Attention kernel scaled_dot_product_attention tries first (language models, sdpa); the
     others stay behind it as fallbacks. auto keeps PyTorch's order; cudnn is cuDNN's fused
@@ -142,12 +144,23 @@ class TrainConfig:
         return {"options": options}
 
 
+_TRUST_ENV = "PARATRAIN_TRUST_CODE"
+"""paratrain.trust.TRUST_ENV (--trust-code), read here directly: config imports no part of
+paratrain."""
+
+
 def check_inductor_options(options: dict[str, Any]) -> None:
     """Each name must be one of torch._inductor.config's and its value of the setting's kind, so a
-    typo fails at config time in one line rather than at the first compiled step."""
+    typo fails at config time in one line rather than at the first compiled step. Values are
+    numbers and true / false (the tuning knobs): a string or a list names a command or a path
+    inductor runs or reads (cpp.cxx is the C++ compiler's command line), which a handed recipe
+    or config.yaml may set only where the user trusts its code (--trust-code)."""
+    import os
+
     from torch._inductor import config as inductor
 
     known = inductor.get_config_copy()
+    trusted = os.environ.get(_TRUST_ENV) == "1"
     for name, value in options.items():
         if name not in known:
             raise ValueError(
@@ -159,6 +172,13 @@ def check_inductor_options(options: dict[str, Any]) -> None:
             raise ValueError(f"compile_options: {name} takes true or false, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool) and type(value) is not int:
             raise ValueError(f"compile_options: {name} takes an integer, got {value!r}")
+        if not (trusted or value is None or type(value) in (bool, int, float)):
+            raise ValueError(
+                f"compile_options: {name} is {repr(value)[:80]}; a setting other than a number "
+                "or true / false may name a command or a path inductor runs, and is taken only "
+                "when you trust the config's code: --trust-code (paratrain.train(..., "
+                "trust_code=True))"
+            )
 
 
 @dataclass(kw_only=True)

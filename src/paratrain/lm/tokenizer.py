@@ -83,11 +83,14 @@ def load_tokenizer(path: str | None, choice: str = "auto"):
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
+    from paratrain import trust
+
     check_tokenizer(path, choice)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        # a folder's own tokenizer code (auto_map) runs only with --trust-code, never asked
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust.trusted())
     except (OSError, ValueError) as e:
-        raise UserError(
+        raise trust.remote_code(e, "model.path", path) or UserError(
             f"model.path: cannot load a tokenizer from {path} ({str(e).splitlines()[0]})"
         ) from None
     if tok.pad_token is None:

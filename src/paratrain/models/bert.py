@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain import trust
 from paratrain.errors import UserError
-from paratrain.models.hf_loading import one_bar
+from paratrain.models.hf_loading import from_config, one_bar
 
 SHAPES = {
     # bert-base-uncased's architecture (110M parameters)
@@ -64,23 +65,32 @@ def build_bert(
 
     auto = AutoModelForMaskedLM if num_labels is None else AutoModelForSequenceClassification
     extra = {} if num_labels is None else {"num_labels": num_labels}
+    # a folder's own modules (auto_map) run only with --trust-code: said, never asked mid-run
+    remote = {"trust_remote_code": trust.trusted()}
     if init == "random":
         if path is not None:
-            config = AutoConfig.from_pretrained(path, **extra)
+            try:
+                config = AutoConfig.from_pretrained(path, **extra, **remote)
+            except (OSError, ValueError) as e:
+                raise trust.remote_code(e, "model.path", path) or UserError(
+                    f"model.path: cannot read {path}'s config ({str(e).splitlines()[0][:200]})"
+                ) from None
         else:
             config = BertConfig(**SHAPES[shape], **extra)
         if layers:
             config.num_hidden_layers = layers
         config._attn_implementation = attn
-        model = auto.from_config(config, dtype=dtype)
+        model = from_config(auto, config, path, dtype=dtype, **remote)
         return model.to(device)
     if not Path(path).is_dir():
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
     try:
         with one_bar():
-            model = auto.from_pretrained(path, dtype=dtype, attn_implementation=attn, **extra)
+            model = auto.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn, **extra, **remote
+            )
     except (OSError, ValueError) as e:
-        raise UserError(
+        raise trust.remote_code(e, "model.path", path) or UserError(
             f"model.path: cannot load {path} ({str(e).splitlines()[0][:200]})"
         ) from None
     return model.to(device)

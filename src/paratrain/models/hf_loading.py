@@ -1,6 +1,7 @@
 """Loading a Hugging Face checkpoint on every rank with at most one progress bar: transformers
 draws its "Loading weights" bar in each process, so N ranks printed N bars before the run's
-plan; and in a log file or a pipe a bar is no bar but lines of its redraws, ahead of the plan."""
+plan; and in a log file or a pipe a bar is no bar but lines of its redraws, ahead of the plan.
+And a model built from a config without running a folder's own code unasked (from_config)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def one_bar():
         yield
     finally:
         hf_logging.enable_progress_bar()
+
+
+def from_config(auto, config, path, **kwargs):
+    """auto.from_config (an AutoModel class), its refusal of a folder's own code (auto_map
+    without trust_remote_code) as one line naming --trust-code."""
+    from paratrain import trust
+
+    try:
+        return auto.from_config(config, **kwargs)
+    except ValueError as e:
+        found = trust.remote_code(e, "model.path", path)
+        if found is None:
+            raise
+        raise found from None

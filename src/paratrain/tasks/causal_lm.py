@@ -105,11 +105,15 @@ def model_config(cfg):
         return {GPT2_NAMES.get(k, k): v for k, v in fields.items()}
     from transformers import AutoConfig
 
+    from paratrain import trust
+
+    path = cfg.model.path
     try:
-        config = AutoConfig.from_pretrained(cfg.model.path)
+        # a folder's own config code (auto_map) runs only with --trust-code, never asked
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust.trusted())
     except (OSError, ValueError) as e:
-        raise UserError(
-            f"model.path: cannot read {cfg.model.path}'s config ({str(e).splitlines()[0][:200]})"
+        raise trust.remote_code(e, "model.path", path) or UserError(
+            f"model.path: cannot read {path}'s config ({str(e).splitlines()[0][:200]})"
         ) from None
     if cfg.model.layers:
         config.num_hidden_layers = cfg.model.layers

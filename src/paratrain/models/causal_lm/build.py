@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from paratrain import trust
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.layout import layout_of
-from paratrain.models.hf_loading import one_bar
+from paratrain.models.hf_loading import from_config, one_bar
 
 # Llama shapes for random-init throughput work (no weights needed). From the models' config.json.
 SHAPES: dict[str, dict] = {
@@ -95,14 +96,21 @@ def build_causal_lm(
     32 GB and minutes of single-threaded init); pretrained weights load on the host."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # a folder's own modules (auto_map) run only with --trust-code: said, never asked mid-run
+    remote = {"trust_remote_code": trust.trusted()}
     if init == "random":
         if path is not None:
-            config = AutoConfig.from_pretrained(path)
+            try:
+                config = AutoConfig.from_pretrained(path, **remote)
+            except (OSError, ValueError) as e:
+                raise trust.remote_code(e, "model.path", path) or UserError(
+                    f"model.path: cannot read {path}'s config ({str(e).splitlines()[0][:200]})"
+                ) from None
             config._attn_implementation = attn
             if layers:
                 config.num_hidden_layers = layers  # GPT-2's n_layer through its alias
             with building(dtype, device):
-                return AutoModelForCausalLM.from_config(config, dtype=dtype)
+                return from_config(AutoModelForCausalLM, config, path, dtype=dtype, **remote)
         config = shape_config(shape, layers, attn)
         with building(dtype, device):
             return model_class(config)(config)
@@ -110,9 +118,11 @@ def build_causal_lm(
         raise UserError(f"model.path: no such directory {path} (a Hugging Face checkpoint)")
     try:
         with one_bar():
-            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+            return AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn, **remote
+            )
     except (OSError, ValueError) as e:
-        raise UserError(
+        raise trust.remote_code(e, "model.path", path) or UserError(
             f"model.path: cannot load {path} ({str(e).splitlines()[0][:200]})"
         ) from None
 
