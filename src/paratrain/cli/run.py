@@ -68,26 +68,32 @@ def command(args: argparse.Namespace) -> int:
 
 
 def finished_run(resume: str, recipe: str | None = None) -> str | None:
-    """The line for `--resume <run folder>` of a run that finished (its result.json is written
-    only at the end, after its last checkpoint), or None: a checkpoint newer than result.json
-    (the run resumed or branched since, and stopped) goes on, and so does a checkpoint named
-    (step_*: the user picks where); with a recipe, only where the recipe trains as long as the
-    run did (a longer one goes on)."""
+    """The line for `--resume` of a run that finished (its result.json is written only at the
+    end, after its last checkpoint), or None: a checkpoint newer than result.json (the run
+    resumed or branched since, and stopped) goes on, and so does an earlier checkpoint named
+    (step_*: the user goes back to it); with a recipe, only where the recipe trains as long as
+    the run did (a longer one goes on)."""
     import json
+    import re
     from pathlib import Path
 
     from paratrain.checkpoint import list_checkpoints
 
-    folder = Path(resume)
-    result = folder / "result.json"
-    if not (folder / "config.yaml").is_file() or not result.is_file():
+    path = Path(resume)
+    found = (p for p in (path, path.parent, path.parent.parent) if (p / "config.yaml").is_file())
+    folder = next(found, None)
+    if folder is None or not (folder / "result.json").is_file():
         return None
+    result = folder / "result.json"
     if recipe is not None and _length(recipe) != _length(folder / "config.yaml"):
         return None
     try:
         steps = json.loads(result.read_text())["summary"]["optimizer_steps"]
     except (ValueError, KeyError, TypeError):
         return None
+    named = re.fullmatch(r"step_(\d+)", path.name)
+    if named and int(named.group(1)) < steps:
+        return None  # an earlier checkpoint named: the user goes back to it
     ckpts = Path(_checkpoint_dir(folder) or folder / "checkpoints")
     written = [(c / "manifest.json") for c in list_checkpoints(ckpts)]
     finished_at = result.stat().st_mtime_ns
@@ -105,7 +111,6 @@ def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str])
     from pathlib import Path
 
     from paratrain.errors import UserError
-
     from paratrain.runfolder import recover
 
     path = Path(resume)
