@@ -7,7 +7,7 @@ for a command that is killed). The new run's rank 0 removes them once its first 
 place; the command removes them when the run ends well without one, or puts them back when it
 fails before (the new run's own files first removed: a failed run with no checkpoint cannot be
 resumed, and TensorBoard would show both runs). A record left on disk by a killed command is
-put back by the next command into the folder.
+undone the same way by the next command into the folder.
 
 Every name in a record or ledger is taken only inside its folder, through no link (ledger.inside):
 a handed folder cannot name a file elsewhere to be moved or removed.
@@ -131,6 +131,8 @@ def drop(out_dir: Path, record: dict | None = None) -> None:
         found = _aside_checkpoint(ckpt_dir, name)
         if found is not None and found.is_dir():
             remove_checkpoint(found)
+            if found.exists():  # a file of someone's was in it: kept, and said where
+                print(f"paratrain: {found} kept: it holds files that are no checkpoint's")
     for empty in (ckpt_dir / ASIDE / "overwritten", ckpt_dir / ASIDE):
         with contextlib.suppress(OSError):
             empty.rmdir()
@@ -189,12 +191,14 @@ def settle(out_dir: Path, succeeded: bool, record: dict | None) -> None:
 
 
 def recover(out_dir: Path) -> None:
-    """A replacement whose command was killed before it ended (kill -9, a closed terminal):
-    the earlier run's files put back where their place is free, nothing removed, said once."""
+    """A replacement whose command was killed before it ended (kill -9, a closed terminal): its
+    new run never reached a checkpoint (its first one removes the record), so it is undone as
+    a failed one is: the new run's files (its ledger's, inside the folder) removed, the earlier
+    run's put back, said once."""
     record = read_record(out_dir)
     if record is None:
         return
-    kept = restore(out_dir, record, remove_new=False)
+    kept = restore(out_dir, record, remove_new=True)
     print(
         f"paratrain: {out_dir}: an --overwrite that did not finish left the earlier run aside; "
         + (
