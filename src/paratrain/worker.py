@@ -14,7 +14,7 @@ import sys
 
 from paratrain.errors import ERROR_DIR, exit_code
 from paratrain.job import record_pid
-from paratrain.runplan import RunPlan
+from paratrain.runplan import RunPlan, cpu
 from paratrain.trainer.loop import train
 
 
@@ -24,7 +24,9 @@ def main(argv: list[str]) -> int:
     record_pid(os.environ.get(ERROR_DIR), int(os.environ.get("RANK", "0")))
     # before the trainer takes them over (interrupts.py): an interrupt now stops at once
     signal.signal(signal.SIGUSR1, _stop_now)
-    return exit_code(lambda: train(RunPlan.load(plan_path)))
+    # a language model's memory, where the launching command left it to the workers (they
+    # import its libraries anyway): the note, or the refusal, before the model is built
+    return exit_code(lambda: train(cpu.judged(RunPlan.load(plan_path))))
 
 
 def _stop_now(signum, frame):

@@ -159,3 +159,18 @@ def test_the_sample_recipe_says_how_it_runs_on_a_cpu():
     assert plan.config.precision == "fp32" and not any("precision" in n for n in plan.notes)
     need = cpu.expected(plan)
     assert (need["state"] + need["activations"] + need["loader"]) * plan.nproc < 2 * 2**30
+
+
+@pytest.mark.dist
+def test_a_language_model_that_cannot_fit_is_refused_by_its_workers_in_one_line(tmp_path, capsys):
+    """Several processes of a language model: the launching command leaves the count to the
+    workers (they import transformers anyway; here it would cost seconds), which refuse it in
+    one line before the model is built, the run folder never made."""
+    out = tmp_path / "run"
+    big = ["data.batch_size=200000", "data.limit_samples=4000000", "log.progress=false"]
+    args = [a for s in big for a in ("--set", s)]
+    assert main(["run", str(RECIPES / "tiny_lora_cpu.yaml"), *args, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("paratrain: error: memory: about") == 1, err
+    assert "more than this machine's memory" in err or "its cgroup's limit" in err, err
+    assert not out.exists()

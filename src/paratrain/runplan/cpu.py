@@ -18,6 +18,7 @@ peak resident measured a rank in fp32, 737 in fp16; SOURCE's end_to_end.txt.)
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from paratrain.errors import UserError
@@ -74,6 +75,11 @@ def kinds(cfg, task) -> tuple[str, ...]:
     if task.model_keys == "huggingface":
         return ("language",)
     return tuple(SLOWER)
+
+
+def costly(plan) -> tuple[str, ...]:
+    """The libraries the task's footprint imports that take seconds to (transformers, peft)."""
+    return tuple(m for m in plan.task_spec.imports(plan.config) if m in ("transformers", "peft"))
 
 
 def expected(plan) -> dict[str, float] | None:
@@ -210,10 +216,16 @@ def memory_line(plan, need: dict[str, float], machine) -> tuple[str, bool]:
     return f"{text}, of {what} {size(limit)} ({size(free or 0)} free)", False
 
 
-def judged(plan):
+def judged(plan, defer_costly: bool = False):
     """A CPU run's plan with its memory note; refused in one line (UserError) where it
-    clearly cannot fit. A GPU run's as it is: its host memory is not what runs out."""
-    if plan.device != "cpu":
+    clearly cannot fit. A GPU run's as it is: its host memory is not what runs out. A plan
+    noted already is as it was. defer_costly (the command launching several processes): where
+    counting the model means importing libraries this process has not (a language model's
+    transformers and peft: ~3.5 s of a tiny run's 9), the plan goes as it is and each worker,
+    which imports them anyway, judges it (worker.py): refused there, before the model is built."""
+    if plan.device != "cpu" or any(n.startswith("memory:") for n in plan.notes):
+        return plan
+    if defer_costly and any(m not in sys.modules for m in costly(plan)):
         return plan
     need = expected(plan)
     if need is None:
