@@ -169,7 +169,7 @@ def execute(plan: RunPlan, overwrite: bool = False) -> int:
         return 0
     plan = with_output_dir(plan)  # named here: checked as a folder given would be
     # a CPU run's memory against this machine's: a note, or refused before anything is claimed
-    plan = cpu.judged(plan, defer_costly=plan.multiprocess)
+    plan = plan if plan.multiprocess else cpu.judged(plan)  # a launch's: its workers judge
     made = runfolder.made_for(Path(plan.config.output_dir))
     set_aside = preflight(plan, overwrite)
     try:

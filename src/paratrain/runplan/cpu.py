@@ -18,7 +18,6 @@ peak resident measured a rank in fp32, 737 in fp16; SOURCE's end_to_end.txt.)
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 from paratrain.errors import UserError
@@ -75,11 +74,6 @@ def kinds(cfg, task) -> tuple[str, ...]:
     if task.model_keys == "huggingface":
         return ("language",)
     return tuple(SLOWER)
-
-
-def costly(plan) -> tuple[str, ...]:
-    """The libraries the task's footprint imports that take seconds to (transformers, peft)."""
-    return tuple(m for m in plan.task_spec.imports(plan.config) if m in ("transformers", "peft"))
 
 
 def expected(plan) -> dict[str, float] | None:
@@ -216,16 +210,15 @@ def memory_line(plan, need: dict[str, float], machine) -> tuple[str, bool]:
     return f"{text}, of {what} {size(limit)} ({size(free or 0)} free)", False
 
 
-def judged(plan, defer_costly: bool = False):
+def judged(plan):
     """A CPU run's plan with its memory note; refused in one line (UserError) where it
     clearly cannot fit. A GPU run's as it is: its host memory is not what runs out. A plan
-    noted already is as it was. defer_costly (the command launching several processes): where
-    counting the model means importing libraries this process has not (a language model's
-    transformers and peft: ~3.5 s of a tiny run's 9), the plan goes as it is and each worker,
-    which imports them anyway, judges it (worker.py): refused there, before the model is built."""
+    noted already is as it was. Counting the model imports what training imports (torch's
+    compiler for the fake tensors, a language model's transformers and peft: 1-3.5 s in a fresh
+    process), so the command judges a run of one process, which trains in it, and a launch's
+    workers, which import those anyway, judge theirs (worker.py): refused there in one line
+    before the model is built, no run folder made."""
     if plan.device != "cpu" or any(n.startswith("memory:") for n in plan.notes):
-        return plan
-    if defer_costly and any(m not in sys.modules for m in costly(plan)):
         return plan
     need = expected(plan)
     if need is None:
