@@ -1,6 +1,6 @@
 """Activations each pipeline rank really holds under torch's own schedules, against the planner.
 
-paratrain's planner (src/paratrain/plan/analytic.py, memory_terms) says rank r of p holds, per
+paratrain's planner (src/paratrain/forecast/analytic/step.py, memory_terms) says rank r of p holds, per
 layer of its stage, `flight` micro-batches of saved activations: GPipe m, 1F1B min(m, p - r),
 interleaved 1F1B (v stages a rank) chunks / v with chunks = min(m v, (v-1) p + 2 (p-1-r) + 1).
 This runs torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B and

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from paratrain.config.model import ModelConfig
 from paratrain.config.train import ScalerConfig
 from paratrain.models import build_model
-from paratrain.precision import build_policy, build_scaler
+from paratrain.trainer.precision import build_policy, build_scaler
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 OUT = Path(__file__).resolve().parents[1] / "results" / "2026-12-07-cpu" / "precision_speed"

@@ -1,5 +1,5 @@
 """Issue 61, item 1: matmul and attention rates by shape on one GPU: the table that the analytic
-plan (plan/analytic.py: one rate for every matmul today) is to interpolate by (M, N, K).
+plan (forecast/analytic/step.py: one rate for every matmul today) is to interpolate by (M, N, K).
 
 GEMMs: a Llama decoder layer's q/k/v fused ("qkv") and apart ("q"; "kv" is each of k and v), o,
 gate/up fused ("gate_up") and apart ("gate" is each of gate and up), down, and the lm_head, of
@@ -20,7 +20,7 @@ Attention: sdpa causal, forward and backward apart, bf16, k/v expanded to the qu
 (torchtitan's repeat_kv), flash and cuDNN, each model's heads / t, seq 2,048 / 4,096 / 8,192 at
 batch 16,384 / seq; FLOPs 4 b h s^2 d / 2 forward (the causal half), 2.5x that backward.
 
-Timing (CUDA events after a warm-up, as matmul_bound.py, issue52_calibrate.py): a large GEMM runs
+Timing (CUDA events after a warm-up, as matmul_bound.py, work_kinds_calibrate.py): a large GEMM runs
 --heat s first, to the power-limited clock; then each measurement is held the same --hold (40%
 warm-up, three back-to-back windows, their median) in shuffled order, so the power manager (a ~1 s
 average: issue 52's power calls) sees one steady mix and no run of small shapes lifts the clock,
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 # fmt: off
-MODELS = {  # hidden, ffn, heads, kv heads: the config.json fields (as in plan/shapes.py)
+MODELS = {  # hidden, ffn, heads, kv heads: the config.json fields (as in forecast/shapes.py)
     "llama3.2-1b": (2048, 8192, 32, 8), "llama3.1-8b": (4096, 14336, 32, 8),
     "llama3.1-70b": (8192, 28672, 64, 8), "llama3.1-405b": (16384, 53248, 128, 8),
 }

@@ -169,7 +169,7 @@ def _load_final(model, cfg: RunConfig) -> None:
     """The final checkpoint's weights into the model given (checkpoints leave frozen
     parameters out: those the model holds already)."""
     from paratrain.checkpoint import read_checkpoint, resolve_resume
-    from paratrain.runfolder import checkpoint_dir
+    from paratrain.launch.runfolder import checkpoint_dir
 
     where = checkpoint_dir(cfg, Path(cfg.output_dir))
     state = read_checkpoint(resolve_resume(where))

@@ -147,6 +147,9 @@ class BuildContext:
     even_val: bool
     """Held-out batches must be as many on every rank (a forward that is a collective: FSDP,
     tensor parallel)."""
+    out_dir: Path | None = None
+    """The run's folder: where a task writes its own artifacts during training (a GAN's sample
+    grids). None where a task is built outside a run (a plan's count, a test)."""
 
 
 @dataclass(frozen=True)
@@ -259,10 +262,11 @@ class StepContext:
     gradients would sit where zero_grad does not reach)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Workload:
     """What a task's build returns: everything the trainer runs, nothing about how it is laid
-    over the ranks."""
+    over the ranks. Frozen: what the trainer learns later (the run folder) is the build
+    context's, not written back here."""
 
     model: nn.Module
     """The model with dtype, LoRA and the like applied; not yet parallelized or compiled."""
@@ -295,9 +299,6 @@ class Workload:
     """A task's own optimizer step, (context, batch) -> (loss, tokens or None, applied): for
     tasks whose step is not one forward, one loss, one backward and one optimizer step (a
     GAN's two alternating updates)."""
-    out_dir: Path | None = None
-    """The run's folder (set by the trainer after build): where a task writes its own
-    artifacts during training (a GAN's sample grids)."""
     known_loss: bool = True
     """The model's output goes straight into a loss paratrain or torch wrote (no in-place op
     on it before backward): FSDP2's warning that the root returned a view is then noise."""

@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from paratrain import job, launch, preload, procs, runfolder
 from paratrain.checkpoint import room
 from paratrain.config import to_yaml
 from paratrain.data import images
 from paratrain.errors import ERROR_DIR, UserError
-from paratrain.runfolder import restarted
+from paratrain.launch import job, preload, procs, runfolder
+from paratrain.launch import torchrun as launch
+from paratrain.launch.runfolder import restarted
 from paratrain.runplan import RunPlan, cpu
 from paratrain.tasks import get_task
 from paratrain.trainer.loop import train

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from paratrain.errors import ERROR_DIR, exit_code
-from paratrain.job import record_pid
+from paratrain.launch.job import record_pid
 from paratrain.runplan import RunPlan, cpu
 from paratrain.trainer.loop import train
 

@@ -87,7 +87,7 @@ def test_gpt2_tensor_parallel_lora_with_an_uneven_vocabulary_equals_single(tmp_p
     the two runs agree to rounding."""
     from transformers import GPT2Config
 
-    from paratrain.lm.tokenizer import byte_tokenizer
+    from paratrain.data.text.tokenizer import byte_tokenizer
     from paratrain.models.causal_lm.build import shape_of
 
     folder = tmp_path / "gpt2-321"

@@ -26,7 +26,7 @@ def test_plan_predicts_and_measures_ddp_on_two_processes(tmp_path):
         "--window", "2", "--set", "launch.cpu_threads=1", "--tries", "1", "--allow-noisy",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    found = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    found = json.loads((tmp_path / "plan" / "forecast.json").read_text())
     rows = {(r["strategy"], r["gpus"]): r for r in found["rows"]}
     assert set(rows) == {("ddp", 1), ("ddp", 2)}
     two = rows[("ddp", 2)]

@@ -8,7 +8,7 @@ from conftest import final_weights, read_result, run_cli
 from paratrain.data.device import DeviceLoader
 from paratrain.data.sources import load_mnist_sample
 from paratrain.data.transforms import Prepared
-from paratrain.precision import build_policy
+from paratrain.trainer.precision import build_policy
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -14,7 +14,7 @@ def gpu_settings(data):
 
 
 def test_packed_examples_do_not_attend_to_each_other_on_cuda():
-    from paratrain.lm import data as lmdata
+    from paratrain.data.text import data as lmdata
     from paratrain.models.causal_lm.build import build_causal_lm
 
     torch.manual_seed(0)
@@ -101,7 +101,7 @@ def test_liger_loss_and_gradients_equal_transformers():
     patches transformers' Llama module for the rest of the process."""
     pytest.importorskip("liger_kernel")
     from paratrain.models.causal_lm.build import build_causal_lm
-    from paratrain.models.causal_lm.kernels import apply_kernels
+    from paratrain.models.causal_lm.fast_layers import apply_kernels
     from paratrain.models.causal_lm.lora import LoraConfig, apply_lora
     from paratrain.models.causal_lm.loss import ChunkedLossLM
 

@@ -385,7 +385,7 @@ def test_every_run_of_a_sweep_computes_with_the_same_threads(tmp_path):
     from conftest import RECIPES
 
     from paratrain.bench.sweep import load_sweep
-    from paratrain.launch import cores
+    from paratrain.launch.torchrun import cores
 
     sweep = load_sweep(RECIPES / "bench" / "cpu_smoke.yaml")
     threads = {r.config.launch.cpu_threads for r in sweep.runs}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from paratrain import collectives as c
+from paratrain.comm import collectives as c
 from paratrain.errors import UserError
 
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
+from paratrain.data.text import data as lmdata
+from paratrain.data.text.encoder import read_labelled
+from paratrain.data.text.tokenizer import byte_tokenizer
 from paratrain.errors import DataError
-from paratrain.lm import data as lmdata
-from paratrain.lm.encoder import read_labelled
-from paratrain.lm.tokenizer import byte_tokenizer
 
 GOOD = {"instruction": "a", "input": "", "output": "b"}
 

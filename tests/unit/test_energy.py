@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import TINY_SETTINGS, train
 
-from paratrain import telemetry
 from paratrain.config import load_config
+from paratrain.meters import telemetry
 from paratrain.trainer import result as results
 from paratrain.trainer.measure import Meter, TrainClock
 

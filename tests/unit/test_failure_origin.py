@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from paratrain import job, procs
 from paratrain.errors import position_file
+from paratrain.launch import job, procs
 
 
 def launch_folder(tmp_path, step=4, phase="checkpoint"):

@@ -10,11 +10,11 @@ import shutil
 import pytest
 from conftest import TINY_LM, final_weights, max_abs_diff, one_error_line, read_result, train
 
-from paratrain import faults
 from paratrain.checkpoint import list_checkpoints
 from paratrain.cli import main
 from paratrain.config import load_config
-from paratrain.metrics import write_json
+from paratrain.meters.metrics import write_json
+from paratrain.trainer import faults
 
 LM = [*TINY_LM, "data.batch_size=4", "lora.enabled=false", "checkpoint.every_steps=2"]
 

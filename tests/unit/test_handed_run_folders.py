@@ -8,10 +8,10 @@ import os
 import pytest
 from conftest import RECIPES, one_error_line
 
-from paratrain import faults
 from paratrain.checkpoint import list_checkpoints
 from paratrain.cli import main
-from paratrain.runfolder import ledger, overwrite
+from paratrain.launch.runfolder import ledger, overwrite
+from paratrain.trainer import faults
 
 TINY = str(RECIPES / "tiny_cpu.yaml")
 QUICK = ["strategy=single", "log.progress=false", "log.every_steps=1"]
@@ -131,7 +131,7 @@ def test_an_overwrite_whose_command_was_killed_is_put_back_by_the_next_command(
 ):
     out = copy_of(finished, tmp_path / "run")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    from paratrain.runfolder import earlier_run
+    from paratrain.launch.runfolder import earlier_run
 
     # what a killed --overwrite leaves: its earlier run set aside, nothing after
     overwrite.set_aside(out, out / "checkpoints", earlier_run(out, out / "checkpoints"))

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from paratrain import errors, install, job
+from paratrain import errors, install
 from paratrain.cli import add_install_notes
+from paratrain.launch import job
 
 TRITON_PIN = 'triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"'
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.launch import (
+from paratrain.launch.torchrun import (
     LaunchConfig,
     first_slurm_host,
     launched_by_torchrun,
@@ -120,8 +120,8 @@ def test_the_fork_server_imports_what_the_run_needs(monkeypatch, settings, libra
 
 def test_threads_a_process_keep_a_set_omp_num_threads(monkeypatch):
     from paratrain.config.launch import LaunchConfig
-    from paratrain.host import cores
-    from paratrain.launch import threads_per_process
+    from paratrain.distributed.host import cores
+    from paratrain.launch.torchrun import threads_per_process
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert threads_per_process(LaunchConfig(), 2) == 3  # the environment's, as PyTorch keeps it
@@ -145,7 +145,7 @@ def test_the_workers_python_imports_nothing_from_the_working_directory(
     import subprocess
     import sys
 
-    from paratrain import launch
+    from paratrain.launch import torchrun as launch
 
     marker = tmp_path / "it-ran"
     (tmp_path / "numpy.py").write_text(f"import os\nos.makedirs({str(marker)!r})\n")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import RECIPES
 
-from paratrain import job
 from paratrain.cli import main
 from paratrain.errors import UserError
+from paratrain.launch import job
 from paratrain.runner import writable_folder
 
 UNWRITABLE = Path("/proc/paratrain-x")  # even root cannot make a folder here
@@ -115,8 +115,8 @@ def test_a_hang_names_the_stopped_rank_and_the_collective_rank_0_waits_in(tmp_pa
     collective rank 0 waited in; rank 0's timeout comes after."""
     import pickle
 
+    from paratrain.distributed.flight import note_job
     from paratrain.errors import HANGS
-    from paratrain.flight import note_job
 
     where, run = tmp_path / "launch", tmp_path / "run"
     where.mkdir()

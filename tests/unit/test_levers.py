@@ -6,7 +6,7 @@ GPU tests and benchmarks/results/2026-12-06-h100x1/issue53/ run them)."""
 import pytest
 from conftest import RECIPES
 
-import paratrain.launch
+import paratrain.launch.torchrun
 import paratrain.runplan as runplan
 from paratrain.errors import ConfigError
 from paratrain.protocols import Machine
@@ -24,7 +24,7 @@ def on(monkeypatch):
     def plan(machine, recipe, overrides=()):
         monkeypatch.setattr(levers, "machine_of", lambda device: machine)
         monkeypatch.setattr(runplan, "device_of", lambda cfg: machine.device)
-        monkeypatch.setattr(paratrain.launch, "default_nproc", lambda several: 1)
+        monkeypatch.setattr(paratrain.launch.torchrun, "default_nproc", lambda several: 1)
         return plan_of(recipe, list(overrides))
 
     return plan
@@ -168,7 +168,7 @@ def test_review_mends_fused_sgd_stem_and_the_recipes_strategy(on, monkeypatch):
     from paratrain.runplan import resolve
 
     saved = from_dict(RunConfig, one.config.to_dict())  # config.yaml, resolved on two GPUs
-    monkeypatch.setattr(paratrain.launch, "default_nproc", lambda several: 2)
+    monkeypatch.setattr(paratrain.launch.torchrun, "default_nproc", lambda several: 2)
     two = resolve(saved)
     assert two.strategy == "ddp-ds" and two.multiprocess and two.world_size == 2
     full = on(H100, RECIPES / "llama3.2_1b_full_random.yaml")

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers.masking_utils as masking
 
-from paratrain.lm.data import Collate
+from paratrain.data.text.data import Collate
 from paratrain.models.causal_lm.attention import use_own_masks
 from paratrain.models.causal_lm.build import build_causal_lm
-from paratrain.models.causal_lm.layout import decoder_of
+from paratrain.models.causal_lm.family import decoder_of
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
+from paratrain.data.text import data as lmdata
+from paratrain.data.text.formats import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, GRAMMAR, SAMSUM
+from paratrain.data.text.tokenizer import byte_tokenizer, load_tokenizer
 from paratrain.errors import DataError, UserError
-from paratrain.lm import data as lmdata
-from paratrain.lm.formats import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, GRAMMAR, SAMSUM
-from paratrain.lm.tokenizer import byte_tokenizer, load_tokenizer
 
 TOK = byte_tokenizer()
 BOS, EOS = TOK.bos_token_id, TOK.eos_token_id
@@ -170,7 +170,7 @@ def test_float8_batches_are_padded_to_a_multiple_of_16():
 
 
 def test_plain_text_paragraphs_cut_into_rows_nothing_dropped(tmp_path):
-    from paratrain.lm.tokenizer import load_tokenizer
+    from paratrain.data.text.tokenizer import load_tokenizer
 
     (tmp_path / "a.txt").write_text(
         "One short paragraph.\n\n\nA second, " + "longer " * 20 + "one."
@@ -227,7 +227,7 @@ def test_a_bad_jsonl_line_is_named_by_the_files_own_line_number(tmp_path):
     record missing its fields, and an empty file by a data.max_length message."""
     import re
 
-    from paratrain.lm.data import read_records
+    from paratrain.data.text.data import read_records
 
     good = json.dumps({"instruction": "a", "input": "", "output": "b"})
     cases = {

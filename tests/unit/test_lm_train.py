@@ -109,7 +109,7 @@ def test_synthetic_text_needs_no_data(tmp_path):
 
 def test_fine_tune_from_a_checkpoint_directory(tmp_path):
     """model.path: a saved Hugging Face checkpoint with its tokenizer, loaded the real way."""
-    from paratrain.lm.tokenizer import byte_tokenizer
+    from paratrain.data.text.tokenizer import byte_tokenizer
     from paratrain.models.causal_lm.build import build_causal_lm
 
     ckpt = tmp_path / "hf"
@@ -131,7 +131,7 @@ def test_fine_tune_from_a_checkpoint_directory(tmp_path):
 def test_chunked_loss_equals_transformers_loss_and_gradients(chunk):
     """Chunks of 2 (3 chunks over 6 trained positions), or the whole logits' loss (WholeLoss,
     what train.compile compiles): transformers' loss and gradients."""
-    from paratrain.lm.data import Collate
+    from paratrain.data.text.data import Collate
     from paratrain.models.causal_lm.build import build_causal_lm
     from paratrain.models.causal_lm.lora import LoraConfig, apply_lora
     from paratrain.models.causal_lm.loss import ChunkedLossLM
@@ -364,7 +364,7 @@ def test_fused_kernels_and_fp8_name_their_missing_package(monkeypatch):
     import pytest
 
     from paratrain.errors import UserError
-    from paratrain.models.causal_lm.kernels import check_fp8, check_kernels
+    from paratrain.models.causal_lm.fast_layers import check_fp8, check_kernels
 
     monkeypatch.setitem(sys.modules, "torchao", None)  # import fails as if not installed
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
@@ -473,7 +473,7 @@ def test_fp8_lm_head_puts_the_logits_matmul_in_float8():
     from torchao.float8.float8_linear import Float8Linear
 
     from paratrain.models.causal_lm.build import build_causal_lm
-    from paratrain.models.causal_lm.kernels import apply_fp8
+    from paratrain.models.causal_lm.fast_layers import apply_fp8
     from paratrain.models.causal_lm.loss import ChunkedLossLM, float8_head, plain_head
 
     torch.manual_seed(0)
@@ -509,8 +509,8 @@ def test_delayed_fp8_lm_head_trains_through_the_loss_wrapper():
 
     pytest.importorskip("torchao")
     from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.fast_layers import apply_fp8
     from paratrain.models.causal_lm.fp8_delayed import DelayedFloat8Linear, delay_fp8
-    from paratrain.models.causal_lm.kernels import apply_fp8
     from paratrain.models.causal_lm.loss import ChunkedLossLM, float8_head
 
     torch.manual_seed(0)
@@ -613,9 +613,9 @@ def test_delayed_fp8_layers_fed_one_tensor_share_one_history():
     pytest.importorskip("torchao")
     from paratrain.config.model import LoraConfig
     from paratrain.models.causal_lm.build import build_causal_lm
+    from paratrain.models.causal_lm.fast_layers import apply_fp8
     from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
     from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
-    from paratrain.models.causal_lm.kernels import apply_fp8
     from paratrain.models.causal_lm.lora import apply_lora
 
     torch.manual_seed(0)

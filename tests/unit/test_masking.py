@@ -1,9 +1,9 @@
-"""BERT's masked-LM corruption (lm/masking.py): the stated fraction, 80/10/10, reproducible by
+"""BERT's masked-LM corruption (data/text/masking.py): the stated fraction, 80/10/10, reproducible by
 key, independent of batch layout."""
 
 import torch
 
-from paratrain.lm.masking import IGNORE, mask_batch, mask_row, sample_generator
+from paratrain.data.text.masking import IGNORE, mask_batch, mask_row, sample_generator
 
 MASK_ID, VOCAB = 259, 264
 

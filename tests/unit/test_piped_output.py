@@ -26,7 +26,7 @@ def piped(code: str, *args: str) -> list[str]:
 
 def test_the_runs_epoch_lines_are_whole_in_a_pipe():
     code = (
-        "from paratrain.metrics import Progress\n"
+        "from paratrain.meters.metrics import Progress\n"
         "bar = Progress(True, 10, 'ddp-ds x2 fp32')\n"
         "bar.update(5)\n"
         "bar.print(f'epoch 0: loss 2.3089, {__import__(\"sys\").argv[1]}')\n"
@@ -57,21 +57,22 @@ def test_the_plans_assumptions_and_table_are_whole_in_a_pipe(tmp_path, monkeypat
     import copy
 
     from paratrain.config import load_config
-    from paratrain.plan import calibrate, command
+    from paratrain.forecast import command
+    from paratrain.forecast.calibrated import calibrate
 
     monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, *a: 0.011127)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
-    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.setattr("paratrain.launch.torchrun.cores", lambda: 2)
     found = command.run_plan(
         load_config("recipes/tiny_cpu.yaml"), command.PlanArgs(gpus=[1, 2], out=tmp_path)
     )
     code = (
         "import json, sys\n"
-        "from paratrain.plan.command import print_plan\n"
+        "from paratrain.forecast.command import print_plan\n"
         "print_plan(json.loads(open(sys.argv[1]).read()))\n"
     )
-    lines = piped(code, str(tmp_path / "plan.json"))
+    lines = piped(code, str(tmp_path / "forecast.json"))
     for line in found["assumptions"]:
         assert f"  assumes: {line}" in lines, lines
     for line in found["advice"]:

@@ -7,9 +7,11 @@ import pytest
 
 from paratrain.cli import main
 from paratrain.errors import UserError
-from paratrain.plan import analytic, hardware, search, shapes, validate
-from paratrain.plan.analytic import Layout, Training, predict
-from paratrain.plan.model import bubble, collective_s
+from paratrain.forecast import shapes
+from paratrain.forecast.analytic import hardware, search, validate
+from paratrain.forecast.analytic import step as analytic
+from paratrain.forecast.analytic.step import Cut, Training, predict
+from paratrain.forecast.calibrated.model import bubble, collective_s
 
 H100 = hardware.load("h100-sxm")
 B8, B70, B405 = (shapes.shape(f"llama3.1-{s}") for s in ("8b", "70b", "405b"))
@@ -35,7 +37,7 @@ def test_bubble_hand_cases():
 def test_pipeline_idle_time_in_the_step():
     # the step's idle time is work x b / (1 - b): 1F1B at p = m = 8 idles 7/8 of the work
     train = Training(8192, 32, "full", compile=True, float8=True)
-    one = predict(B405, H100, Layout(512, tp=8, pp=8, async_tp=True), train)
+    one = predict(B405, H100, Cut(512, tp=8, pp=8, async_tp=True), train)
     busy = one["step_s"] - one["terms"]["pp_bubble_s"]
     work = busy - sum(
         one["terms"][k] for k in ("pp_p2p_s", "optimizer_s", "fsdp_exposed_s", "fsdp_copies_s")
@@ -44,7 +46,7 @@ def test_pipeline_idle_time_in_the_step():
     two = predict(
         B405,
         H100,
-        Layout(512, tp=8, pp=8, async_tp=True, schedule="interleaved", stages_per_rank=2),
+        Cut(512, tp=8, pp=8, async_tp=True, schedule="interleaved", stages_per_rank=2),
         train,
     )
     # 126 layers in 8 or 16 stages: the busiest rank holds 16 either way, so the same work and
@@ -74,7 +76,7 @@ def test_fsdp_exposes_the_unhidden_collectives():
     # reduce-scatter of a layer and the root's (embedding + lm_head: 1,050,677,248 parameters)
     train = Training(8192, 2, "selective", compile=True)
     layer = analytic.layer_terms(B8, H100, train, 2 * 8192, 1)
-    t = analytic.fsdp_terms(B8, H100, Layout(8), train, 32, layer)
+    t = analytic.fsdp_terms(B8, H100, Cut(8), train, 32, layer)
     bus = 360e9
     ag = 7 / 8 * 436_224_000 / bus
     rs = 7 / 8 * (B8.layer_params * 4) / bus
@@ -89,13 +91,13 @@ def test_ddp_and_hsdp_all_reduce_hand_cases():
     # 2 x 7/8 x 4 bytes a parameter at 360 GB/s
     one_b = shapes.shape("llama3.2-1b")
     train = Training(2048, 8, "none", compile=True)
-    ddp = predict(one_b, H100, Layout(8, dp_replicate=8), train)
+    ddp = predict(one_b, H100, Cut(8, dp_replicate=8), train)
     assert ddp["layout"] == "DDP 8"
     assert ddp["fsdp_comm_s"] == pytest.approx(2 * 7 / 8 * 4 * one_b.params / 360e9)
     # HSDP 2 x 8: FSDP within each node, and each GPU's 1/8 shard all-reduced across the two
     # nodes at the NIC's 45 GB/s: 2 x 1/2 x 4 bytes x params / 8 on top of FSDP 8's volume
-    fsdp = predict(one_b, H100, Layout(8), train)
-    hsdp = predict(one_b, H100, Layout(16, dp_replicate=2), train)
+    fsdp = predict(one_b, H100, Cut(8), train)
+    hsdp = predict(one_b, H100, Cut(16, dp_replicate=2), train)
     across = 2 * 1 / 2 * 4 * one_b.params / 8 / 45e9
     assert hsdp["fsdp_comm_s"] == pytest.approx(fsdp["fsdp_comm_s"] + across)
 
@@ -121,10 +123,10 @@ def test_recompute_hand_cases():
 
 def test_memory_state_sharded():
     # FSDP 8: fp32 weights + fp32 gradients + two fp32 moments = 16 bytes a parameter / 8
-    m = analytic.memory_terms(B8, H100, Layout(8), Training(8192, 2, "selective"))
+    m = analytic.memory_terms(B8, H100, Cut(8), Training(8192, 2, "selective"))
     assert m["state_bytes"] == pytest.approx(B8.params * 16 / 8)
     # full AC keeps one bf16 hidden vector a token and layer: 32 x 16,384 x 4,096 x 2 bytes
-    full = analytic.memory_terms(B8, H100, Layout(8), Training(8192, 2, "full"))
+    full = analytic.memory_terms(B8, H100, Cut(8), Training(8192, 2, "full"))
     assert full["activation_bytes"] == pytest.approx(32 * 16384 * 4096 * 2)
 
 
@@ -135,7 +137,7 @@ def test_pipeline_memory_by_schedule():
     train = Training(8192, 32, "full", compile=True, float8=True)
     per_mb_layer = 2 * 8192 * 16384 * 2 / 8
     for schedule, flight in (("gpipe", 16), ("1f1b", 8)):
-        layout = Layout(512, tp=8, pp=8, schedule=schedule, microbatches=16)
+        layout = Cut(512, tp=8, pp=8, schedule=schedule, microbatches=16)
         m = analytic.memory_terms(B405, H100, layout, train)
         assert m["rank"] == 0
         # 16 layers' saved inputs a micro-batch in flight, and the stage's output kept until
@@ -143,11 +145,11 @@ def test_pipeline_memory_by_schedule():
         assert m["activation_bytes"] == pytest.approx((16 + 1) * flight * per_mb_layer)
     # interleaved, 2 stages a rank: the first rank's 23 chunk-micro-batches of 8 layers in
     # flight (torch's warm-up (v-1)p + 2(p-1) forwards, and one more), each with its output
-    layout = Layout(512, tp=8, pp=8, schedule="interleaved", stages_per_rank=2, microbatches=16)
+    layout = Cut(512, tp=8, pp=8, schedule="interleaved", stages_per_rank=2, microbatches=16)
     m = analytic.memory_terms(B405, H100, layout, train)
     assert m["rank"] == 0
     assert m["activation_bytes"] == pytest.approx((16 * 23 / 2 + 23) * per_mb_layer)
-    assert analytic.rank_layers(B405, Layout(512, tp=8, pp=8)) == [16] * 6 + [15, 15]
+    assert analytic.rank_layers(B405, Cut(512, tp=8, pp=8)) == [16] * 6 + [15, 15]
 
 
 def test_hardware_profiles():
@@ -190,9 +192,9 @@ def test_hardware_profiles():
 
 def test_layouts_refused_in_one_line():
     with pytest.raises(UserError, match="TP 3"):
-        predict(B8, H100, Layout(6, tp=3), Training())
+        predict(B8, H100, Cut(6, tp=3), Training())
     with pytest.raises(UserError, match="micro-batches"):
-        predict(B405, H100, Layout(512, tp=8, pp=8), Training(8192, 4, "full"))
+        predict(B405, H100, Cut(512, tp=8, pp=8), Training(8192, 4, "full"))
 
 
 # The validation's errors as bounds (docs/tune-plan.md has the table): every row's TPS/GPU
@@ -268,5 +270,5 @@ def test_in_flight_is_what_torchs_schedules_held():
         ("interleaved", 8): [11, 9, 7, 5],
     }
     for (schedule, m), units in measured.items():
-        layout = Layout(4, pp=4, schedule=schedule, stages_per_rank=2, microbatches=m)
+        layout = Cut(4, pp=4, schedule=schedule, stages_per_rank=2, microbatches=m)
         assert [2 * analytic.in_flight(layout, r) for r in range(4)] == units, (schedule, m)

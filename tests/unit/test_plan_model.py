@@ -3,7 +3,7 @@ the comment beside it, so a changed formula fails here."""
 
 import pytest
 
-from paratrain.plan.model import (
+from paratrain.forecast.calibrated.model import (
     Calibration,
     Links,
     bubble,
@@ -84,7 +84,7 @@ def test_lora_sends_only_the_trained_gradients():
 
 def test_bf16_weights_send_fp32_gradients_under_ddp():
     # train.bf16_weights: 2-byte gradients held (memory), 4 bytes a gradient in DDP's sum
-    from paratrain.plan.calibrate import ddp_wire_bytes
+    from paratrain.forecast.calibrated.calibrate import ddp_wire_bytes
 
     wide = ddp_wire_bytes(
         {"train": {"bf16_weights": True}, "ddp": {"gradient_compression": "none"}}

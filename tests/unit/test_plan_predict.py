@@ -8,15 +8,16 @@ import pytest
 
 from paratrain.config import load_config
 from paratrain.errors import UserError
-from paratrain.plan import calibrate, command, predict
-from paratrain.plan.model import Links
+from paratrain.forecast import command
+from paratrain.forecast.calibrated import calibrate, predict
+from paratrain.forecast.calibrated.model import Links
 
 # a result.json as a calibration run writes it (fields plan reads), 100 ms per step on a GPU
 RESULT = {
     "precision": "bf16",
     "summary": {
         "step_time_s": 0.100,
-        # measure_step's median window and the windows' spread (plan/spread.py): steady
+        # measure_step's median window and the windows' spread (forecast/calibrated/spread.py): steady
         "step_windows_s": [0.099, 0.100, 0.101],
         "spread": 0.008,
         "peak_memory_bytes": 3_000_000_000,
@@ -153,7 +154,7 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_step", fake_step)
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, nbytes, device, out: 1.0)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
-    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.setattr("paratrain.launch.torchrun.cores", lambda: 2)
     cfg = load_config("recipes/tiny_cpu.yaml")
     args = command.PlanArgs(gpus=[1, 2, 8], measure=[2], strategies=["ddp"], out=tmp_path)
     found = command.run_plan(cfg, args)
@@ -165,7 +166,7 @@ def test_plan_end_to_end_on_recorded_runs(tmp_path, monkeypatch):
     assert measured["step_error"] == pytest.approx(rows[("ddp", 2)]["step_s"] / 0.125 - 1)
     # one process alone at 2 threads; two copies at once at 1 thread each, over ~10 s of steps
     assert ("single", 2, 1, 20, ()) in calls and ("single", 1, 2, 100, ()) in calls
-    assert json.loads((tmp_path / "plan.json").read_text())["rows"]
+    assert json.loads((tmp_path / "forecast.json").read_text())["rows"]
     # 8 processes on a 2-core machine that runs 4: the across-machines assumption printed
     assert any("across machines as within" in x for x in found["assumptions"])
     # a set OMP_NUM_THREADS is what `paratrain run` gives each process, so the plan too
@@ -180,7 +181,7 @@ def test_scales_beyond_this_machine_measure_all_of_it(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, *a: buses.append(n) or 1.0)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
-    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.setattr("paratrain.launch.torchrun.cores", lambda: 2)
     cfg = load_config("recipes/tiny_cpu.yaml")
     found = command.run_plan(cfg, command.PlanArgs(gpus=[1, 64], strategies=["ddp"], out=tmp_path))
     assert buses == [4]  # this machine's 4 processes (a "node"), not 64
@@ -202,7 +203,7 @@ def test_a_cpu_plan_speaks_of_processes_on_this_machine(tmp_path, monkeypatch, c
     monkeypatch.setattr(calibrate, "measure_step", lambda *a, **k: copy.deepcopy(RESULT))
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, *a: 0.011127)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
-    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.setattr("paratrain.launch.torchrun.cores", lambda: 2)
     cfg = load_config("recipes/tiny_cpu.yaml")
     found = command.run_plan(cfg, command.PlanArgs(gpus=None, out=tmp_path))
     assert {r["gpus"] for r in found["rows"]} == {1, 2, 4}

@@ -10,7 +10,8 @@ from test_plan_predict import RESULT  # a recorded calibration (tests/unit on th
 
 from paratrain.config import load_config
 from paratrain.errors import UserError
-from paratrain.plan import calibrate, command, spread
+from paratrain.forecast import command
+from paratrain.forecast.calibrated import calibrate, spread
 from paratrain.trainer.result import step_windows
 
 
@@ -104,7 +105,7 @@ def planned(tmp_path, monkeypatch, one_thread_s, **kw):
     monkeypatch.setattr(calibrate, "measure_step", fake_step)
     monkeypatch.setattr(calibrate, "measure_bus", lambda n, nbytes, device, out: 1000.0)
     monkeypatch.setattr(command, "_on_cpu", lambda cfg: True)
-    monkeypatch.setattr("paratrain.launch.cores", lambda: 2)
+    monkeypatch.setattr("paratrain.launch.torchrun.cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the cores decide (conftest sets 1)
     cfg = load_config("recipes/tiny_cpu.yaml")
     args = command.PlanArgs(gpus=[1, 2], strategies=["ddp"], out=tmp_path, **kw)
@@ -128,7 +129,7 @@ def test_threads_starved_by_other_processes_refuse_the_plan(tmp_path, monkeypatc
     # one thread 10x faster than two: the one-device step waited for cores
     with pytest.raises(UserError, match="10.0 ms at 1: its threads waited for cores"):
         planned(tmp_path, monkeypatch, one_thread_s=0.010)
-    assert not (tmp_path / "plan.json").exists()
+    assert not (tmp_path / "forecast.json").exists()
     found = planned(tmp_path, monkeypatch, one_thread_s=0.010, allow_noisy=True)
     command.print_plan(found)
     out = " ".join(capsys.readouterr().out.split())

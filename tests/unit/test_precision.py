@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from paratrain.errors import UserError
-from paratrain.precision import ScalerConfig, build_policy, build_scaler
+from paratrain.trainer.precision import ScalerConfig, build_policy, build_scaler
 
 CPU = torch.device("cpu")
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from torch.autograd import DeviceType
 
-from paratrain.profiling import kernel_breakdown, kernel_kind
+from paratrain.meters.profiling import kernel_breakdown, kernel_kind
 
 
 def test_kernel_kinds_by_name():
@@ -62,7 +62,7 @@ def ev(name, start, end, device=DeviceType.CPU, kernels=(), annotation=False):
 
 
 def test_phases_credit_each_kernel_to_the_range_that_launched_it():
-    from paratrain.profiling import phase_times
+    from paratrain.meters.profiling import phase_times
 
     events = [
         ev("paratrain.forward", 0, 100),
@@ -94,7 +94,7 @@ def test_phases_credit_each_kernel_to_the_range_that_launched_it():
 
 
 def test_nccl_time_split_into_overlapped_and_exposed():
-    from paratrain.profiling import communication
+    from paratrain.meters.profiling import communication
 
     gpu = DeviceType.CUDA
     events = [

@@ -1,4 +1,4 @@
-"""One run per folder (runfolder.py): a fresh run into a folder that holds an earlier run is
+"""One run per folder (launch/runfolder/): a fresh run into a folder that holds an earlier run is
 refused in one line before anything is written, unless it resumes it or replaces it
 (--overwrite, paratrain.train(overwrite=True)); a run writes into its folder once its first step
 has run, so a mistake found before it (a damaged image in the first batch, a model that does
@@ -120,7 +120,7 @@ def test_a_failed_overwrite_leaves_the_earlier_run_whole(finished, tmp_path, cap
     (out / "samples").mkdir()
     (out / "samples" / "mine.txt").write_text("mine")
     before = snapshot(out)
-    from paratrain import faults
+    from paratrain.trainer import faults
 
     faults._FAULTS = faults.parse("raise:step=3")
     try:

@@ -21,7 +21,7 @@ LORA_RECIPE = RECIPES / "tiny_lora_cpu.yaml"
 
 def hf_model(folder, seed: int):
     """A Hugging Face folder (tiny Llama + byte tokenizer), as a user's own model would be."""
-    from paratrain.lm.tokenizer import byte_tokenizer
+    from paratrain.data.text.tokenizer import byte_tokenizer
     from paratrain.models.causal_lm.build import build_causal_lm
 
     torch.manual_seed(seed)

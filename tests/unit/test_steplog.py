@@ -165,7 +165,7 @@ def test_a_point_does_not_wait_for_the_device(tmp_path, monkeypatch):
     device no more often than one point a run (the sync drained the GPU's queue at each point:
     MobileNetV2 on one H200, 2026-12-03). metrics.sync is what a wait for the device goes
     through (metrics.now)."""
-    from paratrain import metrics
+    from paratrain.meters import metrics
 
     real, calls = metrics.sync, []
 

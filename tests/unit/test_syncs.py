@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from paratrain import syncs
+from paratrain.meters import syncs
 
 
 def test_a_sync_is_named_by_paratrains_line_and_the_librarys(monkeypatch):
@@ -65,7 +65,7 @@ def test_without_cuda_nothing_is_recorded_or_listed():
 def test_a_run_that_fails_while_profiled_leaves_torch_as_it_was(tmp_path, monkeypatch):
     """StepProfiler.discard (Trainer.fit's finally): the profiler closed, torch.cuda.synchronize
     and the sync debug mode put back, nothing written."""
-    from paratrain.profiling import StepProfiler
+    from paratrain.meters.profiling import StepProfiler
 
     modes = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)

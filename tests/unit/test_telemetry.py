@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from paratrain import telemetry
+from paratrain.meters import telemetry
 
 
 def test_summary_means_lowest_clock_hottest_reading():
@@ -60,7 +60,7 @@ def test_limits_are_empty_without_nvml():
 
 
 def test_affinity_in_tasksets_short_form(monkeypatch):
-    from paratrain import metrics
+    from paratrain.meters import metrics
 
     monkeypatch.setattr(metrics.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11})
     assert metrics._affinity() == "0-3,8,10-11"
@@ -95,7 +95,7 @@ def test_torchvision_version_is_read_without_importing_it():
     import sys
 
     code = (
-        "import sys; from paratrain.metrics import torchvision_version as v; "
+        "import sys; from paratrain.meters.metrics import torchvision_version as v; "
         "print(v(), 'torchvision' in sys.modules)"
     )
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,9 +10,9 @@ import torch
 from test_run_plan import LORA_RECIPE, QUICK, hf_model, losses
 
 from paratrain.cli import main
+from paratrain.data.text.encoder import encoder_tokenizer
+from paratrain.data.text.tokenizer import BYTE_SPECIALS, check_tokenizer, load_tokenizer
 from paratrain.errors import UserError
-from paratrain.lm.encoder import encoder_tokenizer
-from paratrain.lm.tokenizer import BYTE_SPECIALS, check_tokenizer, load_tokenizer
 from paratrain.tasks.causal_lm import check_byte_ids
 
 
@@ -60,7 +60,7 @@ def test_own_model_without_a_tokenizer_trains_with_bytes(tmp_path):
     losses, step by step."""
     bare = bare_model(tmp_path / "bare")
     saved = bare_model(tmp_path / "saved")
-    from paratrain.lm.tokenizer import byte_tokenizer
+    from paratrain.data.text.tokenizer import byte_tokenizer
 
     byte_tokenizer().save_pretrained(saved)
     text = tmp_path / "notes.txt"

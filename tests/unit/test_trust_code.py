@@ -130,7 +130,7 @@ def test_export_reads_a_run_folders_config_as_the_run_does(tmp_path, monkeypatch
 
     from test_checkpoint_forgery import small_model, write
 
-    import paratrain.export as export
+    import paratrain.export.consolidate as export
 
     run = handed_bundle(tmp_path, tmp_path / "it-ran")
     write(run / "checkpoints", *small_model())
@@ -266,7 +266,7 @@ def test_a_model_folders_own_code_is_refused_in_one_line_never_asked(
 ):
     import torch
 
-    from paratrain.lm.tokenizer import load_tokenizer
+    from paratrain.data.text.tokenizer import load_tokenizer
     from paratrain.models.bert import build_bert
     from paratrain.models.causal_lm.build import build_causal_lm
 

@@ -63,14 +63,14 @@ def test_default_space_follows_recipe_and_machine():
 def test_tune_starts_from_the_plans_automatic_levers(monkeypatch):
     """On a GPU with Triton the plan's auto choices are each lever's baseline, first in its
     values: a trial that keeps them all is the recipe as the plan runs it."""
-    import paratrain.launch
+    import paratrain.launch.torchrun
     import paratrain.runplan as runplan
     from paratrain.protocols import Machine
     from paratrain.runplan import levers, plan_of
 
     monkeypatch.setattr(levers, "machine_of", lambda device: Machine("cuda", (9, 0), True, "H100"))
     monkeypatch.setattr(runplan, "device_of", lambda cfg: "cuda")
-    monkeypatch.setattr(paratrain.launch, "default_nproc", lambda several: 1)
+    monkeypatch.setattr(paratrain.launch.torchrun, "default_nproc", lambda several: 1)
     fast = plan_of("recipes/mnist_sample_mobilenetv2_fastest.yaml").config
     gpu = {lv.key: lv.values for lv in space.default_space(fast, gpus=1).levers}
     assert (

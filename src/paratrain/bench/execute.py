@@ -13,7 +13,7 @@ from pathlib import Path
 from paratrain.bench.store import Row, Store
 from paratrain.bench.sweep import RunSpec, Sweep
 from paratrain.config import to_yaml
-from paratrain.metrics import git_commit
+from paratrain.meters.metrics import git_commit
 from paratrain.trainer.report import log_every
 
 PEER_MODULES = {
@@ -62,7 +62,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def _tail(text: str, lines: int = 15) -> str:
+def tail_lines(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
@@ -96,11 +96,11 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     # torchrun exits 1 whatever its workers returned, so a skip is also read from the log.
     skip_lines = [line for line in output.splitlines() if line.startswith("skipped: ")]
     if code == SKIPPED_EXIT or (code not in (0, None) and skip_lines):
-        status, error = "skipped", (skip_lines or [_tail(output, 1)])[0]
+        status, error = "skipped", (skip_lines or [tail_lines(output, 1)])[0]
     elif code not in (0, None):
-        status, error = "failed", f"exit {code}: " + _tail(output)
+        status, error = "failed", f"exit {code}: " + tail_lines(output)
     elif code == 0 and result is None:
-        status, error = "failed", "exited 0 without result.json: " + _tail(output)
+        status, error = "failed", "exited 0 without result.json: " + tail_lines(output)
     if result is not None:
         curve = loss_curve(run_dir, result)
         if curve:
@@ -163,7 +163,7 @@ def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
 def _host() -> dict:
     import torch
 
-    from paratrain.metrics import hardware
+    from paratrain.meters.metrics import hardware
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     return hardware(device, 1)

@@ -432,7 +432,7 @@ def llm_table(groups: list[Group], seed: dict[str, Any], reference: str | None) 
         ENERGY_NOTE,
         CLOCK_NOTE,
     ]
-    # a sweep of full training (issues 15, 34: beside torchtitan) is not the seed's LoRA table
+    # a sweep of full training (beside torchtitan) is not the seed's LoRA table
     lora = any((g.config.get("lora") or {}).get("enabled") for g in groups)
     title = (
         "Language-model fine-tuning (seed table 5.2)" if lora else "Language-model full training"

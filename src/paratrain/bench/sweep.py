@@ -87,10 +87,10 @@ def _as_overrides(mapping: dict[str, Any] | None, where: str) -> list[str]:
         return []
     if not isinstance(mapping, dict):
         raise ConfigError(f"{where}: expected a mapping of key: value, got {mapping!r}")
-    return [f"{k}={_yaml_scalar(v)}" for k, v in mapping.items()]
+    return [f"{k}={yaml_scalar(v)}" for k, v in mapping.items()]
 
 
-def _yaml_scalar(v: Any) -> str:
+def yaml_scalar(v: Any) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -161,7 +161,7 @@ def _only(variants: list, texts: list[str]) -> list:
 def _same_threads(runs: list[RunSpec]) -> None:
     """Every run of a sweep computes with the same threads per process: the cores over the
     largest process count (a run that sets launch.cpu_threads keeps its own)."""
-    from paratrain.launch import cores
+    from paratrain.launch.torchrun import cores
 
     widest = max((r.plan.nproc for r in runs), default=1)
     for r in runs:
@@ -234,8 +234,8 @@ def _variant_runs(
     """One variant crossed with its grid (its own, else the sweep's), each point `repeats`
     times. An axis from the command line (`cli_grid`) that a variant's own grid does not name is
     crossed with that grid too: `--grid data.num_workers=4,8` reaches every row, while the
-    single-GPU rows keep their own launch.nproc (call 31 of issue 34 asked for the first and
-    got one row of a single-GPU variant)."""
+    single-GPU rows keep their own launch.nproc (a sweep that asked for the first once got one row of a
+    single-GPU variant)."""
     program = variant.get("program", "paratrain")
     own_timeout = variant.get("timeout_s")
     if program not in PROGRAMS:

@@ -37,8 +37,8 @@ def add(sub) -> None:
 def command(args: argparse.Namespace) -> int:
     import time
 
-    from paratrain import collectives, launch
-    from paratrain import comm as worker
+    from paratrain.comm import collectives, worker
+    from paratrain.launch import torchrun as launch
 
     try:
         cfg = collectives.CommConfig(
@@ -72,7 +72,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _comm_ops() -> tuple[str, ...]:
-    from paratrain.collectives import OPS
+    from paratrain.comm.collectives import OPS
 
     return OPS
 

@@ -28,7 +28,7 @@ def add(sub) -> None:
 def command(args: argparse.Namespace) -> int:
     import os
 
-    from paratrain.export import export
+    from paratrain.export.consolidate import export
     from paratrain.trust import TRUST_ENV
 
     if args.trust_code:  # as `paratrain run --trust-code`; a config cannot set it

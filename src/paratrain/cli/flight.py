@@ -15,7 +15,7 @@ def add(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from paratrain.flight import analyze, dump_folder, read_dumps, read_job
+    from paratrain.distributed.flight import analyze, dump_folder, read_dumps, read_job
 
     dumps = read_dumps(args.folder)
     job = read_job(dump_folder(args.folder))

@@ -21,7 +21,7 @@ def add(sub) -> None:
         "--measure runs the scales this machine has and prints each prediction beside its "
         "measurement. A calibration whose step spreads (a loaded machine) is stopped at its "
         "first noisy window and measured again, and the plan refused if it stays noisy (at "
-        "once on a loaded machine; --allow-noisy plans anyway). Writes plan.json.",
+        "once on a loaded machine; --allow-noisy plans anyway). Writes forecast.json.",
     )
     plan.add_argument("recipe", nargs="?", help="YAML recipe (none with --validate or --hardware)")
     plan.add_argument(
@@ -71,8 +71,10 @@ def add(sub) -> None:
     plan.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
     )
-    plan.add_argument("--out", help="where plan.json and the runs go (default runs/plan-<recipe>)")
-    # issue 52: the analytic plan, from a hardware profile and a shape, no recipe and no GPU
+    plan.add_argument(
+        "--out", help="where forecast.json and the runs go (default runs/plan-<recipe>)"
+    )
+    # the analytic plan, from a hardware profile and a shape, no recipe and no GPU
     paper = plan.add_argument_group("without a GPU (from a hardware profile and a shape)")
     paper.add_argument(
         "--validate",
@@ -119,7 +121,8 @@ def _offline_only(args):
 
 def offline(args: argparse.Namespace) -> int:
     """--validate / --hardware: the analytic plan, no recipe, no GPU."""
-    from paratrain.plan import command, offline
+    from paratrain.forecast import command
+    from paratrain.forecast.analytic import offline
 
     if args.recipe:
         raise UserError("plan: --validate / --hardware take no recipe")
@@ -169,7 +172,7 @@ def check_numbers_and_strategies(args: argparse.Namespace, runs) -> list[str] | 
 
 
 def command(args: argparse.Namespace) -> int:
-    from paratrain.plan import command
+    from paratrain.forecast import command
     from paratrain.runplan import plan_of
 
     if args.validate or args.hardware:
@@ -209,5 +212,5 @@ def command(args: argparse.Namespace) -> int:
         ),
     )
     command.print_plan(found)
-    print(f"paratrain plan: {out / 'plan.json'}")
+    print(f"paratrain plan: {out / 'forecast.json'}")
     return 0

@@ -111,7 +111,7 @@ def resumed_run(resume: str, output_dir, overrides: list[str], shown: list[str])
     from pathlib import Path
 
     from paratrain.errors import UserError
-    from paratrain.runfolder import recover
+    from paratrain.launch.runfolder import recover
 
     path = Path(resume)
     for p in (path, path.parent, path.parent.parent):

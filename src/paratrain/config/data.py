@@ -15,7 +15,7 @@ PLAIN_TEXT = ("text", "python-docs")
 TEXT_SOURCES = (*TEXT_FORMATS, *PLAIN_TEXT, "synthetic-text")
 
 # text with a class per row (sequence classification, tasks/text_classification.py): docstrings
-# of the standard library labelled by package (lm/encoder.py), or the user's CSV / JSONL file
+# of the standard library labelled by package (data/text/encoder.py), or the user's CSV / JSONL file
 LABELLED_TEXT = ("python-docstrings", "text-labels")
 
 IMAGE_SOURCES = ("mnist", "mnist-sample", "imagefolder", "synthetic")

@@ -58,7 +58,7 @@ def load_source(cfg: DataConfig, seed: int) -> sources.ImageSource:
 def loader_workers(asked: int) -> int:
     """data.num_workers, capped to the cores this process may run on: more workers than cores
     only contend (DataLoader warns of it), as on a 2-core machine with the default 4."""
-    from paratrain.host import cores
+    from paratrain.distributed.host import cores
 
     return min(asked, cores())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paratrain.errors import DataError
 
-# The fields that tell the instruction formats apart (lm/formats.py reads them).
+# The fields that tell the instruction formats apart (data/text/formats.py reads them).
 RECORD_FIELDS = {
     "alpaca": ("instruction", "output"),
     "grammar": ("input", "output"),

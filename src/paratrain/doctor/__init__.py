@@ -43,7 +43,7 @@ def run(
 def print_report(found: dict) -> None:
     from rich.table import Table
 
-    from paratrain.metrics import console as wide_console
+    from paratrain.meters.metrics import console as wide_console
 
     console = wide_console()  # in a log file or a pipe, each bullet and the table whole
     f = found["facts"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from paratrain.launch import cores
+from paratrain.launch.torchrun import cores
 
 # Dense memory bandwidth from the datasheets, GB/s (what device copies are measured against).
 MEMORY_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0}

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from paratrain import metrics
+from paratrain.meters import metrics
 
 
 def _timed(fn, device: torch.device, reps: int) -> float:
@@ -93,7 +93,8 @@ def all_reduce(nproc: int, device: str, quick: bool) -> list[dict]:
     processes under torchrun's agent (NCCL on GPUs, gloo on CPUs)."""
     import json
 
-    from paratrain import collectives, comm
+    from paratrain.comm import collectives
+    from paratrain.comm import worker as comm
 
     big = (64 if quick else 256) * 2**20 if device == "cuda" else 4 * 2**20
     with tempfile.TemporaryDirectory(prefix="paratrain-doctor-comm-") as out:

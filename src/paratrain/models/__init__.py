@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from torch import nn
 
+from paratrain import trust
 from paratrain.config.model import IMAGE_MODELS, ModelConfig
 from paratrain.errors import UserError
-from paratrain import trust
 from paratrain.models.vision import build_mobilenet_v2, build_resnet50, build_tiny_cnn
 
 MODELS: dict[str, Callable[..., nn.Module]] = {

@@ -5,12 +5,12 @@ MobileNetV2 at 500x500 input spends most of its step in BatchNorm: 36 layers who
 64 x 96 x 250 x 250. Each is a pass over memory with nothing to compute, and in channels_last
 the statistics are sums down the columns of an [N*H*W, C] matrix with few columns (16 to 144
 at the largest sides), which inductor's generated reductions read at a fraction of the GPU's
-bandwidth (issue 34's profile: 1.1 TB/s of 4.8). These kernels read that matrix as rows of
+bandwidth (1.1 TB/s of 4.8 on an H200: benchmarks/results/2026-12-03-h200x1/issue34/). These kernels read that matrix as rows of
 lcm(C, 128) elements (_wide), 128 contiguous lanes a block, each lane keeping one channel; each
 program sums its share of the rows into one row of partial sums per lane; torch adds the
 programs' rows and a channel's lanes, and one small kernel works out the per-channel terms
 from the sums (as torch arithmetic those were ~15 launches a layer each way: 3 ms of a 39 ms
-step in CUDA graphs, issue 34's profile of 2026-12-03):
+step in CUDA graphs, in the same profile):
 
 - forward: the statistics (one read), then y = act(x * scale + shift) (one read, one write);
 - backward: the sums of the gradient and of gradient x (x - mean) over each channel, the
@@ -216,8 +216,7 @@ def _big(x2: torch.Tensor, w: int, unroll: int = 1, block_r: int = BLOCK_R) -> b
     return big(x2) or x2.numel() + (unroll + 1) * block_r * w >= 2**31
 
 
-# _col_sums' grid and loop, as measured on the H200 (2026-12-03, calls 21, 26 and issue 34's
-# call 29: colsums_sweep.py over every MobileNetV2 layer, 13 choices, kernel time a step 6.06 ms
+# _col_sums' grid and loop, as measured on the H200 (2026-12-03, benchmarks/results/2026-12-03-h200x1/issue34/: colsums_sweep.py over every MobileNetV2 layer, 13 choices, kernel time a step 6.06 ms
 # at call 26's rule, 5.31 at this one, 5.05 at each layer's best). A layer of COL_SUMS_PIPELINED_
 # BYTES or more: 2 blocks a turn, Triton pipelining the loop's loads 3 stages deep, on 528
 # programs in all from COL_SUMS_BIG_BYTES up (the grid resident at once) and 264 per lane block

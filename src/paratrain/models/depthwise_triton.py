@@ -211,7 +211,7 @@ def _channel_block(c: int) -> int:
 # a program. The 9 taps' loads are all in flight at once: 4,096-element blocks on 4 warps
 # spilled registers (ptxas, sm_90), 1,024 use ~130 and none; the weight gradient's 10
 # accumulators of 512 elements ~100 (1,024-element ones: 212). benchmarks/device/dw_sweep.py
-# times other choices kernel by kernel: on the H200 (issue 34, call 29) these were the fastest of
+# times other choices kernel by kernel: on the H200 (benchmarks/results/2026-12-03-h200x1/issue34/) these were the fastest of
 # 7 over MobileNetV2's layers (9.14 ms of kernels; 2,048-element tiles or 8 warps 10.8-11.6,
 # 512-element tiles 10.3).
 TILE, WGRAD_TILE, WARPS = 1024, 512, 4

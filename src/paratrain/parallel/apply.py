@@ -15,12 +15,15 @@ what its blocks are and how its layers split.
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from paratrain.parallel.ac import apply_activation_checkpointing
+from paratrain.parallel.compile import apply_compile
 from paratrain.parallel.ddp import apply_ddp, apply_dp
 from paratrain.parallel.fsdp import apply_fsdp
 from paratrain.parallel.tp import apply_tp
@@ -28,68 +31,114 @@ from paratrain.parallel.tp import apply_tp
 Wrapper = Literal["ddp", "fsdp", "data-parallel", None]
 
 
+@dataclass(frozen=True)
+class TensorParallel:
+    """Step 1's options: the tp axis of `Decisions.dims` splits each block's projections."""
+
+    sequence_parallel: bool
+    loss_parallel: bool
+    """Vocabulary-sharded logits and loss (uses_loss_parallel)."""
+    local_inputs: bool
+    """The layers take plain tensors, not DTensors (peft's adapter layers under LoRA)."""
+
+
+@dataclass(frozen=True)
+class Compile:
+    """Step 3's options: `units` compiled each in place (regional), or with none the whole
+    model; `kwargs(cuda_graphs=...)` torch.compile's keywords (TrainConfig.compile_kwargs)."""
+
+    units: Sequence[nn.Module] | None
+    kwargs: Callable[..., dict]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Step 4 under FSDP2: the mixed-precision policy and whether the shards live on the CPU."""
+
+    policy: Any
+    cpu_offload: bool = False
+
+
+@dataclass(frozen=True)
+class Replication:
+    """Step 4 under DDP: its config (buckets, static graph ...), the simulated slow link and
+    whether bf16 gradients are summed in fp32 (train.bf16_weights)."""
+
+    config: Any
+    link: Any = None
+    fp32_sum: bool = False
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Everything parallelize applies, decided before it runs (trainer/setup.py makes it from
+    the run's plan): the model family's spec, the mesh, and one entry per step, None where the
+    step does nothing. A new axis is a field here and a step below."""
+
+    spec: Any
+    """The model family's ModelSpec (protocols.py): its blocks and TP plan."""
+    dims: Any
+    """ParallelDims: the DeviceMesh and its degrees."""
+    device: torch.device
+    wrapper: Wrapper = None
+    sync_batchnorm: bool = False
+    tp: TensorParallel | None = None
+    checkpoint: bool = False
+    """Activation checkpointing around each of spec.blocks."""
+    compile: Compile | None = None
+    sharding: Sharding | None = None
+    replication: Replication | None = None
+
+
 def parallelize(
-    model: nn.Module,
-    spec,
-    dims,
-    *,
-    wrapper: Wrapper,
-    device: torch.device,
-    policy,
-    train,
-    ddp,
-    parallel,
-    lora: bool,
-    compile_units: list[nn.Module] | None,
-    stage_modules: list[nn.Module] | None = None,
-    link=None,
-    sync_batchnorm: bool = False,
+    model: nn.Module, decided: Decisions, stages: list[nn.Module] | None = None
 ) -> tuple[nn.Module, nn.Module]:
     """-> (the model the loop trains, the module it evaluates: the same without DDP's wrapper,
-    whose forward is a collective). stage_modules: an interleaved pipeline's stages on this
-    rank, which share `model`'s layers; FSDP wraps each of them (their forwards are what run)
-    rather than `model`."""
-    if sync_batchnorm and wrapper == "ddp":  # 0: statistics over every rank's batch
+    whose forward is a collective). The steps in the fixed order above. stages: an
+    interleaved pipeline's stages on this rank, which share `model`'s layers; FSDP wraps each
+    of them (their forwards are what run) rather than `model`."""
+    if decided.sync_batchnorm and decided.wrapper == "ddp":  # 0: statistics over every rank
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # in place below the root
-    if dims.tp_enabled:  # 1
-        plan = spec.tp_plan(
+    if decided.tp is not None:  # 1
+        tp = decided.tp
+        plan = decided.spec.tp_plan(
             model,
-            sequence_parallel=parallel.sequence_parallel,
-            loss_parallel=uses_loss_parallel(dims, parallel),
-            local_inputs=lora,  # peft's adapter layers take plain tensors
+            sequence_parallel=tp.sequence_parallel,
+            loss_parallel=tp.loss_parallel,
+            local_inputs=tp.local_inputs,
         )
-        apply_tp(model, plan, dims.submesh("tp"))
-    if train.activation_checkpointing:  # 2
-        apply_activation_checkpointing(spec.blocks(model))
+        apply_tp(model, plan, decided.dims.submesh("tp"))
+    if decided.checkpoint:  # 2
+        apply_activation_checkpointing(decided.spec.blocks(model))
     inner = model
-    if train.compile and compile_units:  # 3
-        # Regional compilation (as torchtitan does): each decoder layer compiled in place; the
-        # layers share one graph, so compile time does not grow with depth, and peft's wrappers
-        # and the loss run eagerly around them. FSDP then shards the compiled layers.
-        for unit in compile_units:
-            # A unit whose forward runs again inside backward (the chunked loss, under
-            # activation checkpointing) is compiled without CUDA graphs: replaying a graph then
-            # starts a new generation of cudagraph trees, which overwrites the decoder layers'
-            # graph outputs that backward still needs ("accessing tensor output of CUDAGraphs
-            # that has been overwritten"; reduce-overhead with the chunked loss, H200, torch 2.11)
-            graphs = not getattr(unit, "recomputed_in_backward", False)
-            unit.compile(**train.compile_kwargs(cuda_graphs=graphs))
-    elif train.compile:
-        inner = torch.compile(model, **train.compile_kwargs())
-    if wrapper == "fsdp":  # 4
+    if decided.compile is not None:  # 3
+        inner = apply_compile(model, decided.compile.units, decided.compile.kwargs)
+    return wrap(model, inner, decided, stages)  # 4
+
+
+def wrap(
+    model: nn.Module, inner: nn.Module, decided: Decisions, stages: list[nn.Module] | None
+) -> tuple[nn.Module, nn.Module]:
+    """Step 4: data parallel last, so it sees the final module."""
+    if decided.wrapper == "fsdp":
+        dims, sharding = decided.dims, decided.sharding
         axes = ("dp_replicate", "dp_shard") if dims.dp_replicate > 1 else ("dp_shard",)
         mesh = dims.submesh(*axes)
-        if stage_modules and len(stage_modules) > 1:
-            for stage in stage_modules:
+        blocks = decided.spec.blocks(model)
+        if stages and len(stages) > 1:
+            for stage in stages:
                 held = {id(m) for m in stage.modules()}
-                blocks = [b for b in spec.blocks(model) if id(b) in held]
-                apply_fsdp(stage, blocks, mesh, policy, parallel.cpu_offload)
+                mine = [b for b in blocks if id(b) in held]
+                apply_fsdp(stage, mine, mesh, sharding.policy, sharding.cpu_offload)
             return inner, inner
-        return apply_fsdp(inner, spec.blocks(model), mesh, policy, parallel.cpu_offload), inner
-    if wrapper == "ddp":  # only where the data-parallel ranks are all the ranks: the default group
-        return apply_ddp(inner, device, ddp, link=link, fp32_sum=train.bf16_weights), inner
-    if wrapper == "data-parallel":
-        wrapped = apply_dp(inner, device)
+        return apply_fsdp(inner, blocks, mesh, sharding.policy, sharding.cpu_offload), inner
+    if decided.wrapper == "ddp":  # only where the data-parallel ranks are all the ranks
+        rep = decided.replication
+        return apply_ddp(
+            inner, decided.device, rep.config, link=rep.link, fp32_sum=rep.fp32_sum
+        ), inner
+    if decided.wrapper == "data-parallel":
+        wrapped = apply_dp(inner, decided.device)
         return wrapped, wrapped
     return inner, inner
 

@@ -241,7 +241,7 @@ def stages_per_rank(cfg: RunConfig, pp: int) -> int:
 def job_size() -> int:
     """Processes of a job that launched this one (an outside torchrun, or a SLURM step whose
     tasks are the ranks); 1 when paratrain launches its own."""
-    from paratrain.launch import launched_by_torchrun, slurm_rank_env
+    from paratrain.launch.torchrun import launched_by_torchrun, slurm_rank_env
 
     if launched_by_torchrun():
         return int(os.environ.get("WORLD_SIZE", "1"))
@@ -251,7 +251,7 @@ def job_size() -> int:
 
 def world_of(cfg: RunConfig, multiprocess: bool, world: int | None) -> tuple[int, int]:
     """-> (processes on this node, processes in the job)."""
-    from paratrain.launch import default_nproc, launched_by_torchrun, slurm_rank_env
+    from paratrain.launch.torchrun import default_nproc, launched_by_torchrun, slurm_rank_env
 
     env = slurm_rank_env() if not launched_by_torchrun() else dict(os.environ)
     if world is None and env and "WORLD_SIZE" in env:

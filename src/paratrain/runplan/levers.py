@@ -215,7 +215,7 @@ def hints(cfg, task: Task, machine: Machine) -> list[str]:
         return []
     from paratrain.tasks.lm_levers import family
 
-    if family(cfg) != "llama":  # measured on the Llama shapes
+    if not family(cfg).levers_measured:  # measured on the Llama shapes
         return []
     if cfg.lora.enabled:
         return [

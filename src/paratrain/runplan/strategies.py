@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from paratrain.config.parallel import ParallelConfig
+from paratrain.config.run import Strategy
 from paratrain.distributed.parallel_dims import resolve_degrees
 
 
@@ -76,6 +77,9 @@ STRATEGIES: dict[str, Shorthand] = {
         "process, one batch at a time (each GPU idle while the others compute)"
     ),
 }
+# the names config.run.Strategy accepts, one list: config imports nothing above it, so it is
+# checked here, where both are seen
+assert set(STRATEGIES) == set(get_args(Strategy)), set(STRATEGIES) ^ set(get_args(Strategy))
 
 ONE_PROCESS = ("single", "dp", "split")
 

@@ -12,16 +12,21 @@ import torch
 from paratrain.config.data import PLAIN_TEXT, TEXT_FORMATS, TEXT_SOURCES
 from paratrain.config.keys import LM_UNREAD
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
+from paratrain.data.text import data as lmdata
+from paratrain.data.text.tokenizer import BYTE_SPECIALS, check_tokenizer
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.lm import data as lmdata
-from paratrain.lm.tokenizer import BYTE_SPECIALS, check_tokenizer
 from paratrain.models.causal_lm.attention import use_own_masks
 from paratrain.models.causal_lm.build import build_causal_lm, shape_of
+from paratrain.models.causal_lm.family import decoder_of, family_of
+from paratrain.models.causal_lm.fast_layers import (
+    apply_fp8,
+    apply_kernels,
+    check_fp8,
+    check_kernels,
+)
 from paratrain.models.causal_lm.fp8_delayed import DelayedFrozenFloat8Linear, delay_fp8
 from paratrain.models.causal_lm.fp8_frozen import freeze_fp8
-from paratrain.models.causal_lm.kernels import apply_fp8, apply_kernels, check_fp8, check_kernels
-from paratrain.models.causal_lm.layout import decoder_of, layout_of
 from paratrain.models.causal_lm.lora import apply_lora, lora_targets
 from paratrain.models.causal_lm.loss import (
     ChunkedLossLM,
@@ -249,7 +254,7 @@ def build(ctx: BuildContext) -> Workload:
     )
 
     def finish(model, out_dir: Path) -> dict[str, str]:
-        from paratrain.lm.save import save_adapter
+        from paratrain.models.causal_lm.saving import save_adapter
 
         return save_adapter(
             model,
@@ -279,7 +284,7 @@ def build(ctx: BuildContext) -> Workload:
 
 def build_model(ctx: BuildContext):
     """-> (the model as it trains: kernels, float8, LoRA, the loss wrapper; its tokenizer)."""
-    from paratrain.lm.tokenizer import load_tokenizer
+    from paratrain.data.text.tokenizer import load_tokenizer
 
     cfg, policy, device, m = ctx.cfg, ctx.policy, ctx.device, ctx.cfg.model
     # Frozen base weights live in the autocast dtype (half the memory); trainable ones in fp32.
@@ -457,7 +462,7 @@ def compile_units(model, spec, scope: str, tp_enabled: bool) -> list:
             eager = torch.compiler.disable(type(rotary).forward)
             rotary.forward = types.MethodType(eager, rotary)
         return [decoder, *loss_units(model, tp_enabled)]
-    norm = [] if tp_enabled else [getattr(decoder, layout_of(model).norm)]
+    norm = [] if tp_enabled else [getattr(decoder, family_of(model).norm)]
     return [*spec.blocks(model), *norm, *loss_units(model, tp_enabled)]
 
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from paratrain.config.data import IMAGE_SOURCES
 from paratrain.config.keys import IMAGE_UNREAD
 from paratrain.distributed import process_group as pg
+from paratrain.meters.profiling import phase
 from paratrain.models.gan import GAN, GanSpec
-from paratrain.profiling import phase
 from paratrain.protocols import BuildContext, Layout, StepContext, Task, Workload
 from paratrain.tasks.image_classification import build_images, image_loader
 from paratrain.tasks.image_classification import preflight as image_preflight
@@ -95,7 +95,7 @@ class Gan:
             self.scorer_model = load_classifier(g.classifier, cfg.data.source, device)
         fixed = torch.Generator(device=device).manual_seed(cfg.seed + 12345)
         self.grid_z = torch.randn(g.grid, g.latent_dim, 1, 1, generator=fixed, device=device)
-        self.workload: Workload | None = None  # what build returns (its out_dir: the run folder)
+        self.out_dir = ctx.out_dir  # the run folder: the sample grids go to its samples/
         self.last_grid: str | None = None  # the newest sample grid rank 0 wrote
 
     def to_gan(self, x: torch.Tensor) -> torch.Tensor:
@@ -205,8 +205,7 @@ class Gan:
 
     def draw(self, images: torch.Tensor) -> None:
         """The epoch's sample grid, on rank 0, in the run folder's samples/."""
-        # the run folder, which the trainer sets on the Workload after build
-        out_dir = self.workload.out_dir if self.workload is not None else None
+        out_dir = self.out_dir
         if not self.is_main or out_dir is None:
             return
         from torchvision.utils import save_image
@@ -258,7 +257,7 @@ def _skip(loss: torch.Tensor, opt_d, opt_g) -> tuple[torch.Tensor, None, bool]:
 def build(ctx: BuildContext) -> Workload:
     gan = Gan(ctx)
     data, cfg = gan.data, ctx.cfg
-    gan.workload = Workload(
+    return Workload(
         model=gan.model,
         spec=GanSpec(),
         train=gan.loader(data.train, cfg.data.prefetch_to_device),
@@ -272,7 +271,6 @@ def build(ctx: BuildContext) -> Workload:
         info=gan.info(),
         rows=data.rows(),
     )
-    return gan.workload
 
 
 TASK = Task(

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from paratrain.models.causal_lm.build import SHAPES
+from paratrain.models.causal_lm.family import Family, family_named, family_of
 from paratrain.protocols import Layout, Machine
-
-LLAMA_SHAPES = ("llama3-8b", "llama3.2-1b", "tiny")
 
 RESULTS = "benchmarks/results/2026-12-04-h200x1/issue34/"  # full: calls 44-61; LoRA: 40-43, 58-59
 
@@ -26,8 +26,8 @@ def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str
         return {}
     out = {"model.fp8_lm_head": fp8_head(cfg, layout)}
     kind = family(cfg)
-    if kind != "llama":  # what follows was measured on the Llama shapes only
-        out["train.compile_mode"] = ("default", f"CUDA graphs measured on Llama, not {kind}")
+    if not kind.levers_measured:  # what follows was measured on the Llama shapes only
+        out["train.compile_mode"] = ("default", f"CUDA graphs measured on Llama, not {kind.family}")
         return out
     if cfg.lora.enabled:
         out["train.compile_mode"] = lora_graphs(cfg, layout)
@@ -59,15 +59,17 @@ def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str
     return out
 
 
-def family(cfg) -> str:
-    """The model's family without importing transformers: the shape's name, or model_type in
-    the checkpoint's config.json."""
+def family(cfg) -> Family:
+    """The model's family record without importing transformers: a named shape's, or the one
+    model_type names in the checkpoint's config.json."""
     if cfg.model.path is None:
-        return "llama" if cfg.model.shape in LLAMA_SHAPES else str(cfg.model.shape)
+        shape = SHAPES.get(cfg.model.shape)
+        return family_of(shape) if shape else family_named(str(cfg.model.shape))
     try:
-        return str(json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"])
+        kind = json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"]
     except (OSError, ValueError, KeyError):
-        return "unknown"
+        kind = "unknown"
+    return family_named(str(kind))
 
 
 def full_bf16(cfg, layout: Layout) -> str | None:

@@ -1,5 +1,5 @@
 """Masked-language-model training (BERT, seed 001's case study): plain text as [CLS] piece [SEP]
-rows, 15% of each row corrupted (lm/masking.py, keyed by seed, epoch and sample), the loss on
+rows, 15% of each row corrupted (data/text/masking.py, keyed by seed, epoch and sample), the loss on
 the corrupted positions; held-out masked-token loss, accuracy and perplexity; tokens/s, MFU."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 from paratrain.config.data import PLAIN_TEXT
 from paratrain.config.keys import LM_UNREAD, dotted
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
+from paratrain.data.text import data as lmdata
+from paratrain.data.text import encoder as enc
+from paratrain.data.text.masking import IGNORE, mask_row, sample_generator
+from paratrain.data.text.tokenizer import check_tokenizer
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.lm import data as lmdata
-from paratrain.lm import encoder as enc
-from paratrain.lm.masking import IGNORE, mask_row, sample_generator
-from paratrain.lm.tokenizer import check_tokenizer
 from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 
@@ -179,7 +179,7 @@ def build(ctx: BuildContext) -> Workload:
 
 class MaskedRows(torch.utils.data.Dataset):
     """[CLS] piece [SEP] rows, each corrupted when read (in the loader workers) by the key
-    (seed, epoch, its index): lm/masking.py -> (corrupted ids, labels)."""
+    (seed, epoch, its index): data/text/masking.py -> (corrupted ids, labels)."""
 
     def __init__(self, rows, specials, *, epoch: torch.Tensor, seed, mask_id, vocab_size):
         self.rows, self.specials, self.epoch = rows, specials, epoch

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from paratrain.config.data import LABELLED_TEXT
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
+from paratrain.data.text import encoder as enc
+from paratrain.data.text.tokenizer import check_tokenizer
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.lm import encoder as enc
-from paratrain.lm.tokenizer import check_tokenizer
 from paratrain.models.bert import BertSpec, build_bert
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 from paratrain.tasks.masked_lm import BERT_UNREAD, bert_imports

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from paratrain import runfolder
 from paratrain.checkpoint import (
     AsyncSaves,
     LoopState,
@@ -27,8 +26,9 @@ from paratrain.checkpoint.integrity import owner
 from paratrain.checkpoint.store import set_aside, step_of
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
+from paratrain.launch import runfolder
+from paratrain.launch.runfolder import restarted
 from paratrain.protocols import unwrap
-from paratrain.runfolder import restarted
 from paratrain.trainer.run import Held, Schedule
 
 

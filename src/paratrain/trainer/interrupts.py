@@ -105,7 +105,7 @@ def own_launch() -> bool:
 
 def launch_marked() -> bool:
     from paratrain.errors import ERROR_DIR
-    from paratrain.job import MARKER
+    from paratrain.launch.job import MARKER
 
     where = os.environ.get(ERROR_DIR)
     return bool(where) and (Path(where) / MARKER).exists()

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from paratrain import flight
+from paratrain.distributed import flight
 from paratrain.distributed import process_group as pg
 from paratrain.trainer.measure import gc_schedule, sdpa_priority
 from paratrain.trainer.setup import deterministic_env
@@ -21,7 +21,7 @@ from paratrain.trainer.setup import deterministic_env
 def train(plan) -> dict[str, Any]:
     """Train the run `plan` (a runplan.RunPlan, resolved before: the trainer never re-enters
     the plan) describes, on this process's rank."""
-    from paratrain.launch import threads_per_process
+    from paratrain.launch.torchrun import threads_per_process
     from paratrain.trainer.trainer import Trainer
 
     cfg = plan.config

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from paratrain import metrics
+from paratrain.meters import metrics
 
 
 class TrainClock:
@@ -187,8 +187,8 @@ class Measure:
         devices: list[torch.device],
     ):
         """tc: train.*; devices: those this rank drives (run_devices), whose energy counts."""
-        from paratrain.profiling import StepProfiler
-        from paratrain.telemetry import GpuSampler, energy_counter
+        from paratrain.meters.profiling import StepProfiler
+        from paratrain.meters.telemetry import GpuSampler, energy_counter
         from paratrain.trainer.watchdog import StallMeter
 
         device = env.device

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paratrain import metrics
+from paratrain.meters import metrics
 from paratrain.trainer import result as results
 from paratrain.trainer.steplog import StepLog, memory_in_use
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from paratrain import metrics
 from paratrain.config import for_task
 from paratrain.data.loader import loader_workers
 from paratrain.distributed import process_group as pg
+from paratrain.meters import metrics
+from paratrain.meters.telemetry import energy_summary
 from paratrain.protocols import unwrap
 from paratrain.tasks import counts_tokens, get_task
-from paratrain.telemetry import energy_summary
 
 
 def epoch_line(record: dict[str, Any]) -> str:

@@ -14,7 +14,23 @@ from torch import nn
 from paratrain.distributed import process_group as pg
 from paratrain.distributed.parallel_dims import ParallelDims
 from paratrain.errors import UserError
-from paratrain.parallel.apply import parallelize, step_context
+from paratrain.launch.runfolder import (
+    checkpoint_dir,
+    output_dir,
+    refuse_other_run,
+    restarted,
+    start_ledger,
+)
+from paratrain.parallel.apply import (
+    Compile,
+    Decisions,
+    Replication,
+    Sharding,
+    TensorParallel,
+    parallelize,
+    step_context,
+    uses_loss_parallel,
+)
 from paratrain.parallel.ddp import broadcast_masters, wire_bytes
 from paratrain.parallel.pipeline import (
     build_schedule,
@@ -26,18 +42,11 @@ from paratrain.parallel.slowlink import SlowLink
 from paratrain.parallel.split import apply_split, split_devices
 from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
-from paratrain.precision import build_policy, build_scaler
 from paratrain.protocols import BuildContext, Workload, unwrap
-from paratrain.runfolder import (
-    checkpoint_dir,
-    output_dir,
-    refuse_other_run,
-    restarted,
-    start_ledger,
-)
 from paratrain.tasks import get_task
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
+from paratrain.trainer.precision import build_policy, build_scaler
 from paratrain.trainer.run import Built, Schedule
 
 
@@ -56,8 +65,7 @@ def setup(plan, env: pg.DistEnv) -> tuple[Built, Schedule]:
     )
     loader_batch = cfg.data.batch_size * dp_gpus
     policy = build_policy(cfg.precision, device)
-    work = workload(plan, env, dims, policy, loader_batch)
-    work.out_dir = out_dir
+    work = workload(plan, env, dims, policy, loader_batch, out_dir)
     materialise_lazy(work)
     counts = {**parameter_counts(work.model), "rows": work.rows}
     masters = bf16_weights(work, cfg.train)  # before anything wraps or compiles the model
@@ -142,7 +150,9 @@ def mesh(plan, env: pg.DistEnv) -> ParallelDims:
     )
 
 
-def workload(plan, env: pg.DistEnv, dims: ParallelDims, policy, loader_batch: int) -> Workload:
+def workload(
+    plan, env: pg.DistEnv, dims: ParallelDims, policy, loader_batch: int, out_dir: Path
+) -> Workload:
     """The task's model and data for this rank."""
     wrapper = plan.layout.wrapper
     return get_task(plan.task).build(
@@ -157,6 +167,7 @@ def workload(plan, env: pg.DistEnv, dims: ParallelDims, policy, loader_batch: in
             loader_batch=loader_batch,
             # a forward that is a collective needs the same held-out batch count everywhere
             even_val=wrapper == "fsdp" or dims.tp_enabled,
+            out_dir=out_dir,
         )
     )
 
@@ -209,23 +220,11 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
             model, work.spec, split_devices(cfg.split, env.device), cfg.split.boundaries
         )
 
+    decided = decisions(plan, env, dims, work, policy, link)
+
     def apply(module: nn.Module, compile_units, stages=None) -> tuple[nn.Module, nn.Module]:
-        return parallelize(
-            module,
-            work.spec,
-            dims,
-            wrapper=plan.layout.wrapper,
-            device=env.device,
-            policy=policy,
-            train=cfg.train,
-            ddp=cfg.ddp,
-            parallel=cfg.parallel,
-            lora=plan.task_spec.lora and cfg.lora.enabled,
-            compile_units=compile_units,
-            stage_modules=stages,
-            link=link,
-            sync_batchnorm=cfg.model.sync_batchnorm,
-        )
+        compiled = decided.compile and dataclasses.replace(decided.compile, units=compile_units)
+        return parallelize(module, dataclasses.replace(decided, compile=compiled), stages)
 
     if work.parts:  # several models (a GAN): each wrapped on its own; the container is saved
         parts = {name: apply(part, None)[0] for name, part in work.parts.items()}
@@ -239,6 +238,32 @@ def lay_out(plan, env, dims, work: Workload, policy, link):
         copies = tied_copies(unwrap(model), tied, dims)
         pipe = build_schedule(stages, dims, env.device, cfg.pipeline, work.pipeline, copies)
     return model, eval_model, {}, pipe, split
+
+
+def decisions(plan, env, dims, work: Workload, policy, link) -> Decisions:
+    """What parallelize applies, read off the plan once (parallel/apply.py's steps)."""
+    cfg = plan.config
+    tp = None
+    if dims.tp_enabled:
+        tp = TensorParallel(
+            sequence_parallel=cfg.parallel.sequence_parallel,
+            loss_parallel=uses_loss_parallel(dims, cfg.parallel),
+            local_inputs=plan.task_spec.lora and cfg.lora.enabled,  # peft's layers: plain tensors
+        )
+    return Decisions(
+        spec=work.spec,
+        dims=dims,
+        device=env.device,
+        wrapper=plan.layout.wrapper,
+        sync_batchnorm=cfg.model.sync_batchnorm,
+        tp=tp,
+        checkpoint=cfg.train.activation_checkpointing,
+        compile=Compile(work.compile_units, cfg.train.compile_kwargs)
+        if cfg.train.compile
+        else None,
+        sharding=Sharding(policy, cfg.parallel.cpu_offload),
+        replication=Replication(cfg.ddp, link, fp32_sum=cfg.train.bf16_weights),
+    )
 
 
 def quiet_view_warning(root: nn.Module) -> None:

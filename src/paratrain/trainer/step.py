@@ -7,20 +7,82 @@ their gradients to their neighbours."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from paratrain import faults
+from paratrain.meters.profiling import phase
 from paratrain.parallel.apply import gradient_sync
 from paratrain.parallel.tp import replicate_partial_grads
-from paratrain.profiling import phase
 from paratrain.protocols import StepContext, whole_tensor
+from paratrain.trainer import faults
 
 
-def choose_step(run, k: int) -> Callable[[Iterator, int], tuple[Any, Any, Any, Any]]:
-    """The run's step, chosen once (run: trainer.run.Built; k: micro-batches per step): the
+@dataclass(frozen=True)
+class Step:
+    """What a training step reads, and nothing more: made once from the built run (of_built),
+    so the step sees neither the plan nor the config beyond the three settings it obeys."""
+
+    model: Any
+    """What forward runs: this rank's stage, parallelized, compiled and wrapped."""
+    pipe: Any
+    """parallel.pipeline.Pipeline when the model is cut into stages, else None."""
+    policy: Any
+    """The precision policy: autocast for forward."""
+    scaler: Any
+    """fp16's GradScaler, else None."""
+    optimizer: Any
+    params: list
+    dtensor_params: list
+    sync: Any
+    """How the data-parallel replicas agree (parallel/sync.py)."""
+    parts: dict
+    step_context: Callable[[], Any]
+    wrapper: str | None
+    device: Any
+    rank: int
+    tp_enabled: bool
+    loss: Callable
+    """Workload.loss(model, batch) -> (loss, tokens or None)."""
+    task_step: Callable | None
+    """A task's own step (a GAN's), else None."""
+    pipeline_tokens: Callable | None
+    max_grad_norm: float | None
+    max_bad_steps: int
+    sync_mode: str
+
+    @classmethod
+    def of_built(cls, built) -> Step:
+        """From trainer.run.Built: the fields a step reads."""
+        work, train = built.work, built.cfg.train
+        return cls(
+            model=built.model,
+            pipe=built.pipe,
+            policy=built.policy,
+            scaler=built.scaler,
+            optimizer=built.optimizer,
+            params=built.params,
+            dtensor_params=built.dtensor_params,
+            sync=built.sync,
+            parts=built.parts,
+            step_context=built.step_context,
+            wrapper=built.wrapper,
+            device=built.env.device,
+            rank=built.env.rank,
+            tp_enabled=built.dims.tp_enabled,
+            loss=work.loss,
+            task_step=work.step,
+            pipeline_tokens=work.pipeline.tokens if work.pipeline is not None else None,
+            max_grad_norm=train.max_grad_norm,
+            max_bad_steps=train.max_bad_steps,
+            sync_mode=built.cfg.sync.mode,
+        )
+
+
+def choose_step(s: Step, k: int) -> Callable[[Iterator, int], tuple[Any, Any, Any, Any]]:
+    """The run's step, chosen once (k: micro-batches per step): the
     task's own (a GAN: two models, two optimizers), or forward and backward (micro-batches, or
     a pipeline schedule's) then the update. A step takes the epoch's batch iterator and the
     steps done so far -> (this step's loss on this rank, or None on a pipeline
@@ -28,36 +90,36 @@ def choose_step(run, k: int) -> Callable[[Iterator, int], tuple[Any, Any, Any, A
     a bool, or a device flag the NaN guard reads a step later; the gradients' norm, a device
     tensor, where this rank holds it whole (one process, DDP) or the clip computed it, for
     the step log, else None)."""
-    if run.work.step is not None:
+    if s.task_step is not None:
         return lambda batches, done: (
-            *run.work.step(task_step_context(run, done), next(batches)),
+            *s.task_step(task_step_context(s, done), next(batches)),
             None,
         )
 
     def step(batches, done: int):
-        with run.step_context():  # loss_parallel under TP: forward and backward inside it
-            if run.pipe is not None:
-                loss_sum, tokens = pipeline_pass(run, batches)
+        with s.step_context():  # loss_parallel under TP: forward and backward inside it
+            if s.pipe is not None:
+                loss_sum, tokens = pipeline_pass(s, batches)
             else:
-                loss_sum, tokens = micro_batches(run, k, done + 1, batches)
-        return update(run, done + 1, loss_sum, tokens)
+                loss_sum, tokens = micro_batches(s, k, done + 1, batches)
+        return update(s, done + 1, loss_sum, tokens)
 
     return step
 
 
-def pipeline_pass(run, batches) -> tuple[torch.Tensor | None, Any]:
+def pipeline_pass(s, batches) -> tuple[torch.Tensor | None, Any]:
     """Forward and backward of every micro-batch, stage by stage."""
     batch = next(batches)
-    with run.policy.autocast():
-        loss_sum = run.pipe.train_step(batch)
-    return loss_sum, run.work.pipeline.tokens(batch)
+    with s.policy.autocast():
+        loss_sum = s.pipe.train_step(batch)
+    return loss_sum, s.pipeline_tokens(batch)
 
 
-def micro_batches(run, k: int, step: int, batches) -> tuple[torch.Tensor, Any]:
+def micro_batches(s, k: int, step: int, batches) -> tuple[torch.Tensor, Any]:
     """k micro-batches of forward, loss and backward for step `step` (1-based); gradients
     accumulate."""
-    scaler = run.scaler
-    cuda = run.env.device.type == "cuda"
+    scaler = s.scaler
+    cuda = s.device.type == "cuda"
     loss_sum, tokens = None, None
     for micro in range(k):
         with phase("data", cuda):
@@ -65,55 +127,55 @@ def micro_batches(run, k: int, step: int, batches) -> tuple[torch.Tensor, Any]:
         # Gradient accumulation: only the last micro-batch all-reduces (DDP's no_sync) or
         # reduce-scatters (FSDP). sync.mode: local SGD, DiLoCo and stale-1 take no all-reduce
         # in backward
-        sync = micro == k - 1 and run.sync.grad_sync(step)
-        with gradient_sync(run.model, enabled=sync):
-            with phase("forward", cuda), run.policy.autocast():
-                loss, n_tokens = run.work.loss(run.model, batch)
+        sync = micro == k - 1 and s.sync.grad_sync(step)
+        with gradient_sync(s.model, enabled=sync):
+            with phase("forward", cuda), s.policy.autocast():
+                loss, n_tokens = s.loss(s.model, batch)
                 if k > 1:  # the mean over micro-batches; k = 1 needs no kernel for it
                     loss = loss / k
             # backward: DDP all-reduces gradient buckets here, overlapped with compute
             with phase("backward", cuda):
                 (scaler.scale(loss) if scaler else loss).backward()
         # strategy=split: the loss comes from the last GPU; the sums live on the first
-        detached = whole_tensor(loss.detach()).to(run.env.device)
+        detached = whole_tensor(loss.detach()).to(s.device)
         loss_sum = detached if loss_sum is None else loss_sum + detached
         if n_tokens is not None:
             tokens = n_tokens if tokens is None else tokens + n_tokens
     return loss_sum, tokens
 
 
-def update(run, step: int, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any, Any]:
+def update(s, step: int, loss_sum, tokens) -> tuple[torch.Tensor | None, Any, Any, Any]:
     """Clipping, the NaN guard, then the optimizer step (or none, on every rank, for a bad
     step) -> the step's (loss, tokens, applied, gradient norm)."""
-    cuda = run.env.device.type == "cuda"
-    replicate_partial_grads(run.dtensor_params)  # tensor parallel: summed norms' gradients
-    if faults.poison_gradients(run.env.rank, step):
-        for p in run.params:
+    cuda = s.device.type == "cuda"
+    replicate_partial_grads(s.dtensor_params)  # tensor parallel: summed norms' gradients
+    if faults.poison_gradients(s.rank, step):
+        for p in s.params:
             if p.grad is not None:
                 p.grad.fill_(float("nan"))
     norm, divisor = None, None
-    if run.cfg.train.max_grad_norm is not None:
+    if s.max_grad_norm is not None:
         with phase("clip", cuda):
-            norm, divisor = clip_gradients(run, run.cfg.train.max_grad_norm)
+            norm, divisor = clip_gradients(s, s.max_grad_norm)
     grad_norm, verdict, finite = norm, None, True  # the clip's norm: the step log's
-    if run.scaler is not None:  # fp16: overflowing scaled gradients are the scaler's to skip
+    if s.scaler is not None:  # fp16: overflowing scaled gradients are the scaler's to skip
         norm = None
-    if run.cfg.train.max_bad_steps >= 0:
+    if s.max_bad_steps >= 0:
         with phase("checks", cuda):
-            if guard_on_device(run):
-                verdict, whole = nonfinite_flag(run, loss_sum, norm)
+            if guard_on_device(s):
+                verdict, whole = nonfinite_flag(s, loss_sum, norm)
             else:
-                finite, whole = finite_everywhere(run, loss_sum, norm)
+                finite, whole = finite_everywhere(s, loss_sum, norm)
             grad_norm = grad_norm if whole is None else whole
             if verdict is None and not finite:
-                run.optimizer.zero_grad(set_to_none=True)
+                s.optimizer.zero_grad(set_to_none=True)
                 return loss_sum, tokens, False, grad_norm
     with phase("optimizer", cuda):
-        optimizer_step(run, step, verdict, divisor)
+        optimizer_step(s, step, verdict, divisor)
     return loss_sum, tokens, True if verdict is None else verdict, grad_norm
 
 
-def clip_gradients(run, max_norm: float) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def clip_gradients(s, max_norm: float) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The gradients' global L2 norm, and the gradients scaled down to max_norm when it exceeds
     it -> (the norm, or None without gradients; the divisor left for the fused optimizer, or
     None when applied here). Under fp16 the scaler's factor comes out first (unscale_), or the
@@ -122,13 +184,13 @@ def clip_gradients(run, max_norm: float) -> tuple[torch.Tensor | None, torch.Ten
     With a fused optimizer that takes a grad_scale (AdamW, Adam, SGD), the scaling is not a
     pass of its own over every gradient: the kernel divides each gradient as it reads it, as
     it does for GradScaler (1B Llama shape on one H200: 2.7 ms a step saved)."""
-    if run.scaler is not None:
-        run.scaler.unscale_(run.optimizer)
-    groups = parameter_groups(run.params)
+    if s.scaler is not None:
+        s.scaler.unscale_(s.optimizer)
+    groups = parameter_groups(s.params)
     if not groups:
         return None, None
-    total = global_norm(groups, run.env.device)
-    if scales_in_kernel(run):
+    total = global_norm(groups, s.device)
+    if scales_in_kernel(s):
         # clip_grads_with_norm_'s factor, max_norm / (norm + 1e-6) at most 1, as a divisor
         return total, torch.clamp((total + 1e-6) / max_norm, min=1.0).to(torch.float32)
     for params in groups:  # clip_grads_with_norm_ takes the parameters and scales their .grad
@@ -172,24 +234,24 @@ def global_norm(groups: list[list[torch.Tensor]], device: torch.device) -> torch
     return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
 
 
-def scales_in_kernel(run) -> bool:
+def scales_in_kernel(s) -> bool:
     """Whether the optimizer's fused kernel can divide the gradients itself (its grad_scale):
     one of torch's fused optimizers, not under GradScaler (which owns that slot), every step's
     gradients applied as they are (sync.mode every_step)."""
-    opt = run.optimizer
+    opt = s.optimizer
     return (
-        run.scaler is None
+        s.scaler is None
         and not isinstance(opt, list)
-        and run.cfg.sync.mode == "every_step"
+        and s.sync_mode == "every_step"
         and getattr(opt, "_step_supports_amp_scaling", False)
         and bool(opt.defaults.get("fused"))
     )
 
 
-def optimizer_step(run, step: int, verdict, divisor=None) -> None:
-    scaler, optimizer = run.scaler, run.optimizer
+def optimizer_step(s, step: int, verdict, divisor=None) -> None:
+    scaler, optimizer = s.scaler, s.optimizer
     # stale-1: this step's gradients start their all-reduce; last step's are applied
-    if run.sync.before_optimizer(step):
+    if s.sync.before_optimizer(step):
         if scaler is not None:
             scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
             scaler.update()  # ... and then the scale backs off
@@ -203,10 +265,10 @@ def optimizer_step(run, step: int, verdict, divisor=None) -> None:
         else:
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    run.sync.after_optimizer(step)  # local SGD, DiLoCo: the replicas averaged every H steps
+    s.sync.after_optimizer(step)  # local SGD, DiLoCo: the replicas averaged every H steps
 
 
-def guard_on_device(run) -> bool:
+def guard_on_device(s) -> bool:
     """Whether the NaN guard can leave its verdict on the device (train.max_bad_steps): the
     optimizer is one of torch's fused ones, whose kernel takes a found_inf flag and skips the
     whole update on it, so no host sync is needed each step (BERT-base on one H200: 4-9%
@@ -214,8 +276,8 @@ def guard_on_device(run) -> bool:
     (fp16: it owns the flag), nor where updates are not every step's all-reduced gradients (sync.mode), nor
     for SGD with momentum before its buffers exist: on a skipped first step the fused kernel
     would leave them allocated but unset (torch 2.14), and the next step would read them."""
-    opt = run.optimizer
-    if run.scaler is not None or isinstance(opt, list) or run.cfg.sync.mode != "every_step":
+    opt = s.optimizer
+    if s.scaler is not None or isinstance(opt, list) or s.sync_mode != "every_step":
         return False
     if not getattr(opt, "_step_supports_amp_scaling", False) or not opt.defaults.get("fused"):
         return False
@@ -228,63 +290,61 @@ def guard_on_device(run) -> bool:
     return True
 
 
-def finite_everywhere(run, loss: torch.Tensor | None, norm=None) -> tuple[bool, Any]:
+def finite_everywhere(s, loss: torch.Tensor | None, norm=None) -> tuple[bool, Any]:
     """Whether this step's loss and gradients are finite on every rank: one flag, all-reduced
     (MIN), so all ranks skip together. Under fp16 the scaled gradients may overflow by design
     (GradScaler skips those steps and lowers its scale), so only the loss is checked there.
     -> (that, the whole gradients' norm met on the way or None: _finite_here)."""
-    ok, whole = _finite_here(run, loss, norm)
+    ok, whole = _finite_here(s, loss, norm)
     if dist.is_initialized():
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     return bool(ok.item()), whole
 
 
-def nonfinite_flag(run, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
+def nonfinite_flag(s, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
     """1.0 when this step's loss or gradients are not finite on some rank, else 0.0: a device
     tensor, all-reduced (MAX) without reading it on the host -> (it, the whole gradients'
     norm met on the way or None)."""
-    ok, whole = _finite_here(run, loss, norm)
+    ok, whole = _finite_here(s, loss, norm)
     bad = 1.0 - ok
     if dist.is_initialized():
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad, whole
 
 
-def _finite_here(run, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
+def _finite_here(s, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor, Any]:
     """1.0 when this rank's loss and gradients are finite, on the device; and the gradients'
     norm for the step log on the way, where they are whole (else None). With the clip's global
     norm given, that norm is the gradients' check (NaN or inf in any gradient makes it so): no
     second pass."""
-    device = run.env.device
+    device = s.device
     ok, whole_norm = torch.ones((), device=device), None
     if loss is not None:
         ok = ok * torch.isfinite(loss).all()
     if norm is not None:
         return ok * torch.isfinite(norm.to(device)).all(), None
-    if run.scaler is None:
-        grads = [p.grad for p in run.params if p.grad is not None]
+    if s.scaler is None:
+        grads = [p.grad for p in s.params if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards
         # per-tensor norms in a few fused kernels: NaN or inf anywhere makes its norm so
         if grads:
             norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads)])
             ok = ok * torch.isfinite(norms).all()
             # whole gradients here (no sharding): their norm, for the step log (no sync now)
-            whole = (
-                run.wrapper in (None, "ddp", "dp") and not run.dims.tp_enabled and run.pipe is None
-            )
+            whole = s.wrapper in (None, "ddp", "dp") and not s.tp_enabled and s.pipe is None
             whole_norm = torch.linalg.vector_norm(norms) if whole else None
     return ok, whole_norm
 
 
-def task_step_context(run, done: int) -> StepContext:
+def task_step_context(s, done: int) -> StepContext:
     """What a task's own step may use: its wrapped parts, their optimizers, the guard."""
-    guarded = run.cfg.train.max_bad_steps >= 0
+    guarded = s.max_bad_steps >= 0
     return StepContext(
-        parts=run.parts,
-        optimizers=run.optimizer,
-        scaler=run.scaler,
+        parts=s.parts,
+        optimizers=s.optimizer,
+        scaler=s.scaler,
         step=done,
-        finite=(lambda loss: finite_everywhere(run, loss)[0]) if guarded else (lambda loss: True),
+        finite=(lambda loss: finite_everywhere(s, loss)[0]) if guarded else (lambda loss: True),
         no_sync=lambda module: gradient_sync(module, enabled=False),
-        discard=lambda module: gradient_sync(module, enabled=run.wrapper != "ddp"),
+        discard=lambda module: gradient_sync(module, enabled=s.wrapper != "ddp"),
     )

@@ -21,10 +21,12 @@ from typing import Any
 
 import torch
 
-from paratrain import faults, metrics, runfolder
 from paratrain.distributed import process_group as pg
 from paratrain.errors import Interrupted
+from paratrain.launch import runfolder
+from paratrain.meters import metrics
 from paratrain.tasks import counts_tokens
+from paratrain.trainer import faults
 from paratrain.trainer import result as results
 from paratrain.trainer.checkpointer import Checkpointer
 from paratrain.trainer.evaluate import Evaluator
@@ -34,7 +36,7 @@ from paratrain.trainer.losses import RunLosses
 from paratrain.trainer.measure import Measure, gc_pause, gc_tick, lr_at, run_devices, set_lr
 from paratrain.trainer.report import Reporter
 from paratrain.trainer.setup import announce, setup, tidy, write_plan
-from paratrain.trainer.step import choose_step
+from paratrain.trainer.step import Step, choose_step
 from paratrain.trainer.watchdog import Watchdog, limit_for
 
 
@@ -102,7 +104,7 @@ class Trainer:
             loader_batch=schedule.loader_batch,
             before=run.sync_buffers,
         )
-        self.step = choose_step(run, schedule.k)
+        self.step = choose_step(Step.of_built(run), schedule.k)
         self.start_step = state.step
         self.folder_written = False
 
@@ -201,7 +203,7 @@ class Trainer:
         """config.yaml, plan.json, and the step log opened (steps.jsonl, TensorBoard, wandb):
         written once the run's first step has run, so that a mistake found before it (a
         corrupt image in the first batch, a model that does not fit its data) leaves the
-        folder as it was (runfolder.py)."""
+        folder as it was (launch/runfolder/)."""
         if not self.folder_written:
             self.folder_written = True
             write_plan(self.run, self.checkpoints.owner["run"])

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from paratrain import procs
 from paratrain.errors import ERROR_DIR, hangs_file, position_file
+from paratrain.launch import procs
 
 GAP_S = 0.2
 """The least time between two heartbeats of a rank: a new position is sent within it (the
@@ -168,7 +168,7 @@ class Watchdog:
             # a rank that was stopped and wakes later would record where it is then, not
             # where it was: only a request of the last few seconds is answered
             if time.time() - float(asked.decode().split(":")[1]) < 2 * self.interval + 0.5:
-                from paratrain.flight import dump
+                from paratrain.distributed.flight import dump
 
                 dump(self.dump_dir, self.rank, self.backend)
 
@@ -234,7 +234,7 @@ class Watchdog:
             {"rank": rank, "step": step, "phase": phase, "seconds": round(seconds, 1)}
         )
         if self.dump_dir is not None:
-            from paratrain.flight import note_job
+            from paratrain.distributed.flight import note_job
 
             note_job(self.dump_dir, self.world, self.incidents[-1])
             self.store.set("dump", f"{len(self.incidents)}:{time.time()}")

@@ -1,4 +1,4 @@
 """`paratrain tune RECIPE`: search the levers for the fastest set-up of this recipe on this
-machine (issue 18). space.py: the levers; search.py: coordinate descent over short trials,
+machine. space.py: the levers; search.py: coordinate descent over short trials,
 stored in the results DB (resumable), the memory pruning and the numerics guard; output.py:
 the ranked table, tune.json and the winning recipe with each lever commented."""

@@ -24,7 +24,7 @@ from paratrain.bench.store import Row, Store
 from paratrain.bench.sweep import RunSpec
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import ConfigError, UserError
-from paratrain.metrics import memory_capacity_bytes
+from paratrain.meters.metrics import memory_capacity_bytes
 from paratrain.tasks import get_task
 from paratrain.tune.space import Space
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from paratrain.bench.sweep import _yaml_scalar
+from paratrain.bench.sweep import yaml_scalar
 from paratrain.config import RunConfig, read_yaml
 from paratrain.config.levers import get
 from paratrain.errors import ConfigError
@@ -59,7 +59,7 @@ class Lever:
     def overrides(self, value: Any) -> list[str]:
         if self.key in COMPOUND:
             return list(COMPOUND[self.key][value])
-        return [f"{self.key}={_yaml_scalar(value)}"]
+        return [f"{self.key}={yaml_scalar(value)}"]
 
 
 @dataclass
@@ -140,7 +140,7 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
             (
                 "model.stem_conv",
                 ["depthwise", "native"],
-                "a one-channel stem in the depthwise form (issue 34, call 24: 1.04x)",
+                "a one-channel stem in the depthwise form (1.04x on one H200: benchmarks/results/2026-12-03-h200x1/issue34/)",
             )
         )
     if image and not cfg.model.sync_batchnorm:
@@ -156,7 +156,7 @@ def _compile_candidates(cfg: RunConfig, on_gpu: bool, image: bool) -> list[Candi
             ("train.cudnn_benchmark", [True, False], "cuDNN picks its fastest kernels")
         )
     if cfg.train.optimizer == "adamw":  # fused SGD has no DTensor rule under tensor parallelism
-        # 8B LoRA on one H200 (issue 34's profile): with foreach AdamW the NaN guard read its
+        # 8B LoRA on one H200 (profiled in benchmarks/results/2026-12-04-h200x1/issue34/): with foreach AdamW the NaN guard read its
         # flag on the host, and the host waited 47 ms a step with the GPU queue drained
         candidates.append(
             (
@@ -174,7 +174,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
     full_bf16 = not cfg.lora.enabled and cfg.precision == "bf16" and cfg.train.optimizer == "adamw"
     one_or_ddp = cfg.strategy in ("single", "auto") or cfg.strategy.startswith("ddp-")
     if on_gpu and full_bf16 and one_or_ddp:
-        # issue 34 (one H200, the 1B shape): 1.08-1.09x torchtitan against 1.03-1.05x; under
+        # one H200, the 1B shape (benchmarks/results/2026-12-04-h200x1/issue34/): 1.08-1.09x torchtitan against 1.03-1.05x; under
         # DDP the gradients are summed in fp32 (measured on one GPU only)
         candidates.append(
             (
@@ -184,7 +184,7 @@ def _lm_candidates(cfg: RunConfig, on_gpu: bool) -> list[Candidate]:
             )
         )
     if on_gpu and cfg.strategy in ("single", "auto"):
-        # issue 34 (one H200, the 1B shape, with bf16 weights and the Triton loss): 1.098-1.104x
+        # one H200, the 1B shape, with bf16 weights and the Triton loss (benchmarks/results/2026-12-04-h200x1/issue34/): 1.098-1.104x
         # torchtitan against 1.094-1.097x per layer; refused (an invalid trial) without compile
         candidates.append(
             (

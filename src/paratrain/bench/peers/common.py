@@ -18,10 +18,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from paratrain import metrics
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import UserError
-from paratrain.telemetry import energy_counter, energy_summary
+from paratrain.meters import metrics
+from paratrain.meters.telemetry import energy_counter, energy_summary
 from paratrain.trainer import config as train_config
 
 # What the peers implement; anything else is refused (exit 2) rather than run differently.

@@ -4,7 +4,7 @@ own DataCollatorForLanguageModeling (15% of tokens, 80/10/10) in the DataLoader,
 model(**batch).loss, DDP when torchrun starts several processes; train.compile=true compiles
 each encoder layer (what a user adds by hand), train.fused_optimizer=true fuses AdamW. The rows
 are paratrain's synthetic-text rows for BERT (random bytes between [CLS] and [SEP], every row
-full): the baseline of the BERT case study (issue 20).
+full): the baseline of the BERT case study.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N \
         -m paratrain.bench.peers.hf_bert CONFIG_YAML OUT_DIR
@@ -77,7 +77,7 @@ def build_loader(cfg, rank: int, world_size: int, device: torch.device):
     them."""
     from transformers import DataCollatorForLanguageModeling
 
-    from paratrain.lm.tokenizer import bert_byte_tokenizer
+    from paratrain.data.text.tokenizer import bert_byte_tokenizer
     from paratrain.tasks.masked_lm import SYNTHETIC_ROWS
 
     tokenizer = bert_byte_tokenizer()

@@ -1,12 +1,12 @@
 """Plain transformers + peft LoRA fine-tuning, written the way their documentation shows: the
-baseline of issue 4's target. A Llama or GPT-2 built from the config's shape (random weights) in the
+baseline paratrain's LoRA is measured against. A Llama or GPT-2 built from the config's shape (random weights) in the
 autocast dtype, get_peft_model, AdamW on the adapters, autocast, model(...).loss, DDP when
 torchrun starts several processes. paratrain's synthetic-text rows (random tokens, every token
 trained), in the order paratrain's sampler gives them: the same batches as `paratrain run`, so
 that the two loss curves can be laid over each other (result.json's summary.losses, one per
 step, against paratrain's steps.jsonl at log.every_steps=1).
 
-With lora.enabled=false, plain full training (issue 15's baseline): the weights in fp32 under
+With lora.enabled=false, plain full training (full training's baseline): the weights in fp32 under
 bf16 autocast (paratrain's bf16), AdamW on all of them; train.compile=true adds what a user
 adds by hand, torch.compile on each decoder layer, and train.fused_optimizer=true fused AdamW.
 
@@ -89,7 +89,7 @@ def build_model(cfg, dtype: torch.dtype, device: torch.device):
     from peft import LoraConfig, get_peft_model
 
     from paratrain.models.causal_lm.build import building, decoder_layers, model_class, shape_config
-    from paratrain.models.causal_lm.layout import layout_of
+    from paratrain.models.causal_lm.family import family_of
     from paratrain.models.causal_lm.lora import lora_targets
 
     config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
@@ -107,7 +107,7 @@ def build_model(cfg, dtype: torch.dtype, device: torch.device):
             lora_alpha=cfg.lora.alpha,
             lora_dropout=cfg.lora.dropout,
             target_modules=lora_targets(config, cfg.lora),  # the family's default when unset
-            fan_in_fan_out=layout_of(config).conv1d,  # GPT-2's Conv1D weights are [in, out]
+            fan_in_fan_out=family_of(config).conv1d,  # GPT-2's Conv1D weights are [in, out]
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
@@ -179,8 +179,8 @@ def add_tokens(summary: dict, length: int, tokens_per_step: int) -> None:
 
 def synthetic_rows(cfg, vocab: int) -> torch.Tensor:
     """paratrain's synthetic-text rows (the byte tokenizer's ids), as one [rows, length] tensor."""
-    from paratrain.lm import data as lmdata
-    from paratrain.lm.tokenizer import load_tokenizer
+    from paratrain.data.text import data as lmdata
+    from paratrain.data.text.tokenizer import load_tokenizer
     from paratrain.tasks.causal_lm import SYNTHETIC_ROWS
 
     n_ids = min(vocab, len(load_tokenizer(None)))

@@ -3,7 +3,7 @@ transforms to [-1, 1] in the loader workers, a generator and a discriminator eac
 Adam, the alternating step (the discriminator on real then on detached fakes, the generator
 through the updated discriminator), DDP around each model when torchrun starts several
 processes. The same networks and initialisation as paratrain's `gan` task (models/gan.py), so
-the two rows differ in the loop only: the baseline of the GAN case study (issue 20).
+the two rows differ in the loop only: the baseline of the GAN case study.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N \
         -m paratrain.bench.peers.plain_gan CONFIG_YAML OUT_DIR

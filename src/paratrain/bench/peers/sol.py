@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from paratrain.bench.peers import common
 from paratrain.errors import UserError
+from paratrain.meters.profiling import StepProfiler
 from paratrain.models import apply_layer_swaps
-from paratrain.profiling import StepProfiler
 
 
 def main() -> None:

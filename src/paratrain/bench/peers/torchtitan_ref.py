@@ -1,4 +1,4 @@
-"""torchtitan as a peer (issue 34): the same full-training run as paratrain's config, trained by
+"""torchtitan as a peer: the same full-training run as paratrain's config, trained by
 torchtitan's own Trainer under its own launch (torchrun -m torchtitan.train, through
 torchtitan_main). Its model shape and random-token rows come, for torchtitan 0.2, from
 torchtitan_spec through its `--experimental.custom_import` hook; from 0.3 on, from the config
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from paratrain import metrics
 from paratrain.bench.peers import common
 from paratrain.bench.peers.hf_lora import add_tokens
 from paratrain.bench.peers.torchtitan_args import (
@@ -36,6 +35,7 @@ from paratrain.bench.peers.torchtitan_args import (
     read_log,
     unsupported,
 )
+from paratrain.meters import metrics
 
 TIMEOUT_S = 1800
 

@@ -4,7 +4,7 @@ padding mask's all() (masking_utils._ignore_causal_mask_sdpa), or, without one, 
 packed-sequence check (find_packed_sequence_indices). Either stops the host until the GPU has
 finished the step before, so each step starts with the GPU's queue empty.
 
-Here the host already knows (lm/data.py's Collate: a batch without padding carries no mask,
+Here the host already knows (data/text/data.py's Collate: a batch without padding carries no mask,
 packed rows carry position ids), so the decoder's attention runs under a name of its own,
 registered with transformers' AttentionInterface and not with its mask functions: transformers
 then builds no mask (its documented exit for custom attention), and a hook on the decoder hands

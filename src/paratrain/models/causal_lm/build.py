@@ -11,7 +11,7 @@ from torch import nn
 
 from paratrain import trust
 from paratrain.errors import UserError
-from paratrain.models.causal_lm.layout import layout_of
+from paratrain.models.causal_lm.family import family_of
 from paratrain.models.hf_loading import from_config, one_bar
 
 # Llama shapes for random-init throughput work (no weights needed). From the models' config.json.
@@ -81,6 +81,28 @@ SHAPES: dict[str, dict] = {
         tie_word_embeddings=True,
     ),
 }
+# Config-only shapes: what the forecast prices (forecast/shapes.py), not offered as model.shape
+# (config/model.py): their random weights fit no one machine. Llama 3.1 as meta-llama's
+# config.json files have them; 3.1 8B has Llama 3 8B's widths (3.1 lengthens the context only).
+SHAPES["llama3.1-8b"] = {**SHAPES["llama3-8b"], "max_position_embeddings": 131072}
+SHAPES["llama3.1-70b"] = dict(
+    vocab_size=128256,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+)
+SHAPES["llama3.1-405b"] = dict(
+    vocab_size=128256,
+    hidden_size=16384,
+    intermediate_size=53248,
+    num_hidden_layers=126,
+    num_attention_heads=128,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+)
 
 
 def build_causal_lm(
@@ -166,8 +188,8 @@ def building(dtype: torch.dtype, device: torch.device | str):
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks (under a peft wrapper too): the unit of FSDP sharding."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layout = layout_of(inner)
-    layers = getattr(getattr(inner, layout.decoder, None), layout.layers, None)
+    family = family_of(inner)
+    layers = getattr(getattr(inner, family.decoder, None), family.layers, None)
     if layers is None:
         raise UserError(
             "model.path: paratrain parallelizes causal LMs of the Llama layout (model.layers) or "

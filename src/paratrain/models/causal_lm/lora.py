@@ -6,7 +6,7 @@ from torch import nn
 
 from paratrain.config.model import LoraConfig
 from paratrain.errors import UserError
-from paratrain.models.causal_lm.layout import layout_of
+from paratrain.models.causal_lm.family import family_of
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
@@ -17,7 +17,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
 
-    layout = layout_of(model)
+    family = family_of(model)
     targets = lora_targets(model, cfg)
     names = [n for n, _ in model.named_modules()]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
@@ -28,7 +28,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=targets,
-        fan_in_fan_out=layout.conv1d,  # Conv1D stores [in, out]: peft transposes its update
+        fan_in_fan_out=family.conv1d,  # Conv1D stores [in, out]: peft transposes its update
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, peft_cfg)
@@ -39,5 +39,5 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
 
 
 def lora_targets(model_or_config, cfg: LoraConfig) -> list[str]:
-    """lora.target_modules, or the model family's default when it is empty (layout.py)."""
-    return list(cfg.target_modules) or list(layout_of(model_or_config).lora_targets)
+    """lora.target_modules, or the model family's default when it is empty (family.py)."""
+    return list(cfg.target_modules) or list(family_of(model_or_config).lora_targets)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from paratrain.models.causal_lm.layout import decoder_of
+from paratrain.models.causal_lm.family import decoder_of
 
 IGNORE = -100
 

@@ -1,5 +1,5 @@
 """CausalLMSpec: what parallel/ may know of a Hugging Face causal LM, under peft's LoRA wrapper
-or not. Blocks, split units and FLOPs follow the family's layout (layout.py: Llama's model.layers,
+or not. Blocks, split units and FLOPs follow the family's layout (family.py: Llama's model.layers,
 GPT-2's transformer.h); the tensor-parallel plan below is written for the Llama layout
 (model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
 model.norm, lm_head), GPT-2's (Conv1D, fused q/k/v) in gpt2_tp.py. Pipeline stages run the
@@ -27,7 +27,7 @@ from torch import nn
 
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.build import decoder_layers
-from paratrain.models.causal_lm.layout import decoder_of, layout_of
+from paratrain.models.causal_lm.family import decoder_of, family_of
 from paratrain.models.causal_lm.tp_styles import adapter_plan, block_io, ends_plan  # noqa: F401
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -130,10 +130,10 @@ class CausalLMSpec:
                 "strategy: split puts the embedding and lm_head on different GPUs, and this model "
                 "ties them; use parallel.pp (a pipeline keeps the two copies in step), tp or fsdp"
             )
-        layout, decoder = layout_of(base), decoder_of(base)
-        entry = [getattr(decoder, name) for name in layout.embeddings]
-        layers = getattr(decoder, layout.layers)
-        return [*entry, *layers, getattr(decoder, layout.norm), base.lm_head]
+        family, decoder = family_of(base), decoder_of(base)
+        entry = [getattr(decoder, name) for name in family.embeddings]
+        layers = getattr(decoder, family.layers)
+        return [*entry, *layers, getattr(decoder, family.norm), base.lm_head]
 
     # ------------------------------------------------------------------ tensor parallel
 
@@ -161,8 +161,8 @@ class CausalLMSpec:
         )
 
         base = base_model(model)
-        layout = layout_of(base)
-        if layout.family == "gpt2":  # Conv1D projections, fused q/k/v: gpt2_tp.py
+        family = family_of(base)
+        if family.family == "gpt2":  # Conv1D projections, fused q/k/v: gpt2_tp.py
             from paratrain.models.causal_lm.gpt2_tp import gpt2_tp_plan
 
             plan = gpt2_tp_plan(
@@ -222,7 +222,7 @@ class CausalLMSpec:
         inner = base_model(model)
         cfg = inner.config
         decoder = decoder_of(inner)
-        tables = sum(getattr(decoder, e).weight.numel() for e in layout_of(inner).embeddings)
+        tables = sum(getattr(decoder, e).weight.numel() for e in family_of(inner).embeddings)
         base = sum(p.numel() for n, p in inner.named_parameters() if "lora_" not in n) - tables
         if getattr(cfg, "tie_word_embeddings", False):
             base += cfg.vocab_size * cfg.hidden_size  # the lm_head matmul, its weight listed once
@@ -243,16 +243,16 @@ def _cut(model: nn.Module, keep: set[int], first: bool, last: bool) -> None:
     """Layers outside `keep` become nn.Identity; the embeddings stay only with the first stage,
     the final norm and lm_head with the last. Parameter names stay the whole model's."""
     base = base_model(model)
-    layout, decoder = layout_of(base), decoder_of(base)
-    layers = getattr(decoder, layout.layers)
+    family, decoder = family_of(base), decoder_of(base)
+    layers = getattr(decoder, family.layers)
     for i in range(len(layers)):
         if i not in keep:
             layers[i] = nn.Identity()
     if not first:
-        for name in layout.embeddings:
+        for name in family.embeddings:
             setattr(decoder, name, nn.Identity())
     if not last:
-        setattr(decoder, layout.norm, nn.Identity())
+        setattr(decoder, family.norm, nn.Identity())
         base.lm_head = nn.Identity()
 
 
@@ -260,8 +260,8 @@ def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict
     """forward(input ids or hidden states) -> hidden states, or logits on the last stage. No
     attention mask crosses the stages: rows are right-padded, so causal attention (sdpa's
     is_causal) never lets a real token see a pad, and pads carry no loss."""
-    layout, decoder = layout_of(base), decoder_of(base)
-    layers = [getattr(decoder, layout.layers)[i] for i in keep]
+    family, decoder = family_of(base), decoder_of(base)
+    layers = [getattr(decoder, family.layers)[i] for i in keep]
     # With sequence parallelism each rank holds 1/tp of the sequence between layers.
     shards = options.get("sequence_shards", 1)
 
@@ -284,11 +284,11 @@ def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict
             x = out[0] if isinstance(out, tuple) else out
         return x
 
-    body = gpt2 if layout.family == "gpt2" else llama
+    body = gpt2 if family.family == "gpt2" else llama
 
     def run(x):
         h = body(x)
-        return base.lm_head(getattr(decoder, layout.norm)(h)) if last else h
+        return base.lm_head(getattr(decoder, family.norm)(h)) if last else h
 
     return run
 
@@ -299,14 +299,14 @@ class _StageModule(nn.Module):
 
     def __init__(self, base: nn.Module, keep, first: bool, last: bool, options: dict):
         super().__init__()
-        layout, decoder = layout_of(base), decoder_of(base)
-        layers = getattr(decoder, layout.layers)
+        family, decoder = family_of(base), decoder_of(base)
+        layers = getattr(decoder, family.layers)
         self.layers = nn.ModuleList(layers[i] for i in keep)
         if first:
-            for name in layout.embeddings:
+            for name in family.embeddings:
                 setattr(self, name, getattr(decoder, name))
         if last:
-            self.norm, self.lm_head = getattr(decoder, layout.norm), base.lm_head
+            self.norm, self.lm_head = getattr(decoder, family.norm), base.lm_head
         self._run = _stage_forward(base, keep, first, last, options)
 
     def forward(self, x):

@@ -1,0 +1,178 @@
+"""Hardware profiles for `paratrain plan` without a GPU: a GPU's datasheet rates, its
+node, its links, and the derating that turns a datasheet rate into the rate a training step
+gets, each with where it comes from. Profiles are TOML files: the shipped ones in
+forecast/profiles/ (`--hardware h100-sxm`), or any path (a profile a device call wrote, see
+benchmarks/device/analytic_plan_calibration.sh)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from paratrain.errors import UserError
+
+PROFILES = Path(__file__).parents[1] / "profiles"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Datasheet rates (dense TFLOP/s, GiB, TB/s, W, GB/s a GPU each way) and derating: the
+    achieved fraction of each rate, stated in the profile with its source."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    memory_gib: float
+    memory_tbps: float
+    power_w: float
+    rated_power_w: float
+    gpus_per_node: int
+    intra_gbps: float
+    inter_gbps: float
+    matmul: float
+    matmul_fp8: float
+    attention_hd64: float
+    attention_hd128: float
+    memory: float
+    intra: float
+    inter: float
+    description: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    # A power-limited GPU's power against its clock: P = static_w + k f^power_exponent. The
+    # defaults are DVFS's textbook rule (no static power, V ~ f so P ~ f^3); a profile whose
+    # power_w is below its rated_power_w states what was measured instead.
+    static_w: float = 0.0
+    power_exponent: float = 3.0
+    path: str = ""  # the file it was read from
+
+    @property
+    def clock(self) -> float:
+        """The compute rates' share left below the rated power: the clock at which the
+        matmuls draw power_w, of the clock at which they draw rated_power_w (where the rates
+        were measured), ((P - P_static) / (P_rated - P_static))^(1 / n)."""
+        if self.power_w >= self.rated_power_w:
+            return 1.0
+        dynamic = (self.power_w - self.static_w) / (self.rated_power_w - self.static_w)
+        return dynamic ** (1 / self.power_exponent)
+
+    def matmul_flops(self, float8: bool = False) -> float:
+        """Achieved matmul FLOP/s of a training step's GEMMs."""
+        if float8:
+            if not self.fp8_tflops:
+                raise UserError(f"hardware {self.name}: no float8 matmuls on this GPU")
+            return self.fp8_tflops * 1e12 * self.matmul_fp8 * self.clock
+        return self.bf16_tflops * 1e12 * self.matmul * self.clock
+
+    def attention_flops(self, head_dim: int) -> float:
+        """Achieved FLOP/s of flash attention's forward + backward (bf16), by head dim: the
+        profile's two points, linear between them, held beyond."""
+        lo, hi = self.attention_hd64, self.attention_hd128
+        share = lo + (hi - lo) * min(max((head_dim - 64) / 64, 0.0), 1.0)
+        return self.bf16_tflops * 1e12 * share * self.clock
+
+    def memory_bytes_s(self) -> float:
+        """Achieved HBM bytes/s of the memory-bound kernels."""
+        return self.memory_tbps * 1e12 * self.memory
+
+    def bus_gbps(self, inter_node: bool) -> float:
+        """All-gather / reduce-scatter bus bandwidth a GPU gets, GB/s: NVLink within a node,
+        its NIC across nodes (a ring over nodes runs at the slowest hop)."""
+        return self.inter_gbps * self.inter if inter_node else self.intra_gbps * self.intra
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.memory_gib * 2**30
+
+
+_NUMBERS = (
+    "bf16_tflops",
+    "fp8_tflops",
+    "memory_gib",
+    "memory_tbps",
+    "power_w",
+    "rated_power_w",
+    "intra_gbps",
+    "inter_gbps",
+)
+_DERATES = ("matmul", "matmul_fp8", "attention_hd64", "attention_hd128", "memory", "intra", "inter")
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.toml"))
+
+
+def load(name_or_path: str) -> Hardware:
+    """A shipped profile by name, or a profile file by path; one line on a bad one."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise UserError(
+            f"--hardware: no profile {name_or_path!r}; shipped: {', '.join(names())}, or a "
+            ".toml file's path"
+        )
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"--hardware: {path} is not TOML ({e})") from None
+    return from_dict(data, str(path))
+
+
+def _number(table: dict, key: str, name: str, where: str):
+    """A profile's value as a float (a text value such as gpus_per_node's stays as it is
+    where it is no number: only the numbers the plan reads are asked to be)."""
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        if key in (*_NUMBERS, *_DERATES, "static_w", "exponent"):
+            raise UserError(f"hardware profile {where}: {name} must be a number, got {value!r}")
+        return value
+    return float(value)
+
+
+def _power_curve(power, sheet: dict, where: str) -> tuple[float, float]:
+    """[power]'s static_w and exponent, checked (the cube-root rule where it is absent)."""
+    for key in ("power_w", "rated_power_w"):
+        if not sheet[key] > 0:
+            raise UserError(f"hardware profile {where}: datasheet.{key} must be above 0")
+    if not isinstance(power, dict) or set(power) - {"static_w", "exponent"}:
+        raise UserError(f"hardware profile {where}: [power] holds static_w and exponent only")
+    static, exponent = power.get("static_w", 0.0), power.get("exponent", 3.0)
+    below = min(sheet["power_w"], sheet["rated_power_w"])
+    if not 0 <= static < below:
+        raise UserError(f"hardware profile {where}: power.static_w must lie in [0, {below:g})")
+    if not (math.isfinite(exponent) and exponent > 0):
+        raise UserError(f"hardware profile {where}: power.exponent must be a number above 0")
+    return static, exponent
+
+
+def from_dict(data: dict, where: str = "profile") -> Hardware:
+    sheet, derate = data.get("datasheet", {}), data.get("derate", {})
+    missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
+    if missing:
+        raise UserError(f"hardware profile {where}: missing {', '.join(missing)}")
+    power = data.get("power", {})
+    sheet = {k: _number(sheet, k, f"datasheet.{k}", where) for k in sheet}
+    derate = {k: _number(derate, k, f"derate.{k}", where) for k in derate}
+    if isinstance(power, dict):
+        power = {k: _number(power, k, f"power.{k}", where) for k in power}
+    # a rate the plan divides by must be there; float8's only where the GPU has float8
+    bad = [k for k in _DERATES if not 0 < derate[k] <= 1]
+    if not sheet["fp8_tflops"] and 0 <= derate["matmul_fp8"] <= 1:
+        bad = [k for k in bad if k != "matmul_fp8"]
+    if bad:
+        raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
+    static, exponent = _power_curve(power, sheet, where)
+    return Hardware(
+        name=data.get("name", Path(where).stem),
+        path=where,
+        static_w=static,
+        power_exponent=exponent,
+        description=data.get("description", ""),
+        gpus_per_node=int(sheet.get("gpus_per_node", 8)),
+        sources=dict(data.get("sources", {})),
+        **{k: sheet[k] for k in _NUMBERS},
+        **{k: derate[k] for k in _DERATES},
+    )

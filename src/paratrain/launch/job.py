@@ -1,0 +1,329 @@
+"""One launch's workers as the launching command sees them: the signals it forwards to them
+(Ctrl-C, SIGTERM) and how they ended, said once for the whole job.
+
+Every worker leaves its pid and, when it stops, how it ended in the launch's folder
+($PARATRAIN_ERROR_DIR; errors.exit_code writes it). torchrun's agent is told not to handle
+SIGINT / SIGTERM itself (it would tear the workers down): the first one here marks the launch
+interrupted and asks every worker to stop at the next step boundary (SIGUSR1); one more than
+interrupts.DEBOUNCE_S later kills them (SIGKILL)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from paratrain import install
+from paratrain.distributed.flight import waited_in
+from paratrain.errors import (
+    INTERRUPTED,
+    Interrupted,
+    UserError,
+    first_worker_error,
+    lost_peer,
+    position_file,
+)
+from paratrain.launch.procs import oom_kills
+
+MARKER = "interrupt_requested"
+"""The launch asked its workers to stop (a worker's SIGTERM then means the same)."""
+DEBOUNCE_S = 2.0
+
+
+def record_pid(where: str | None, rank: int) -> None:
+    if where:
+        (Path(where) / f"pid_rank_{rank:05d}").write_text(str(os.getpid()))
+
+
+def worker_pids(where: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(where.glob("pid_rank_*")) if p.read_text()]
+
+
+def exits_of(error) -> dict[int, tuple[int, float]]:
+    """torchrun's ChildFailedError -> {rank: (exit code, when)}: a negative code is the
+    signal that ended the rank (the only word of a rank killed by one)."""
+    return {
+        int(rank): (int(f.exitcode), float(getattr(f, "timestamp", 0) or 0))
+        for rank, f in getattr(error, "failures", {}).items()
+    }
+
+
+@contextlib.contextmanager
+def forwarded_signals(where: Path):
+    """SIGINT / SIGTERM to this process: the workers stop at a step boundary (a worker not
+    started yet reads the marker); a second one (after DEBOUNCE_S) kills them and stops the
+    agent (KeyboardInterrupt here), which would otherwise restart them."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach it alone
+        yield
+        return
+    first: list[float] = []
+
+    def handle(signum, frame):
+        now = time.monotonic()
+        if not first:
+            first.append(now)
+            (where / MARKER).write_text(str(signum))
+            _send(where, signal.SIGUSR1)
+        elif now - first[0] > DEBOUNCE_S:
+            _send(where, signal.SIGKILL)
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _send(where: Path, sig: signal.Signals) -> None:
+    for pid in worker_pids(where):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def check_interrupted(where: Path) -> None:
+    """Workers that stopped at a step boundary exit 0 (torchrun would restart failed ones):
+    their record says so."""
+    stopped = sorted(where.glob(f"{INTERRUPTED}.rank_*"))
+    if stopped:
+        raise Interrupted(**json.loads(stopped[0].read_text()))
+
+
+def outcome(
+    where: Path,
+    run_dir: str | None,
+    exits: dict[int, tuple[int, float]] | None = None,
+    ooms_before: int | None = None,
+) -> int:
+    """How the workers ended, once: a user mistake (UserError), an interrupt (Interrupted), or
+    where the failure began, then the rank that failed first, its exception and the user's
+    frame in a few lines, the full tracebacks in <run dir>/errors/rank<r>.txt, and where the
+    install explains it (a failed import), the install's problems with their mends -> exit
+    code 1. Where it began: a rank a signal killed (`exits`, torchrun's {rank: (exit code,
+    when)}: negative for a signal; `ooms_before`, the OOM killer's count when the launch
+    began), or a rank found stopped, before the others' errors, which are only what followed
+    (a connection reset, a collective that gave up)."""
+    mistake = first_worker_error(where)
+    if mistake:
+        raise UserError(mistake)
+    check_interrupted(where)
+    failures = sorted(
+        (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
+        key=lambda f: f["time"],
+    )
+    if (where / MARKER).exists() and not failures:
+        print(
+            "paratrain: interrupted before a step boundary (a second Ctrl-C, or before the "
+            "first step): no checkpoint written",
+            file=sys.stderr,
+        )
+        return 130
+    lead, then = origin(where, run_dir, failures, exits or {}, ooms_before)
+    if not failures:
+        print(lead or silent_end(exits or {}), file=sys.stderr)
+        return 1
+    first = failures[0]
+    # a failed import far from its cause (a torchvision of another build than torch's): the
+    # install check's line says which package and how to mend it
+    mends = install.explain(first["type"], first["traceback"])
+    paths = save_tracebacks(failures, run_dir)
+    report = failure_report(failures, paths, lead, mends, then)
+    print(report, file=sys.stderr)
+    return 1
+
+
+def origin(
+    where: Path,
+    run_dir: str | None,
+    failures: list[dict],
+    exits: dict[int, tuple[int, float]],
+    ooms_before: int | None,
+) -> tuple[str | None, str]:
+    """The line that names where the failure began: a rank a signal killed, or one found
+    stopped or behind (None when the first failure itself is the news), and what the first
+    rank that raised then did."""
+    first = failures[0] if failures else None
+    hang = hang_line(where, run_dir)
+    if hang and first and (hang[1]["since"] > first["time"] or hang[1]["rank"] == first["rank"]):
+        hang = None  # it began after the first failure, or the rank itself raised: no hang
+    dead = killed(exits, failures) or unspoken(where, failures)
+    if dead and not (hang and (hang[1]["rank"] == dead[0] or hang[1]["since"] < dead[2])):
+        return killed_line(where, run_dir, dead, ooms_before), "failed without it"
+    return (hang[0] if hang else None), "gave up"
+
+
+def killed(
+    exits: dict[int, tuple[int, float]], failures: list[dict]
+) -> tuple[int, int, float] | None:
+    """The rank a signal ended before any rank failed in Python -> (rank, signal, when). It
+    left no record (a signal gives it no say); torchrun's agent ends the others after a
+    failure with SIGTERM (and SIGKILL 30 s later): those come after the first record."""
+    raised = {f["rank"] for f in failures}
+    first = failures[0]["time"] if failures else None
+    found = []
+    for rank, (code, when) in exits.items():
+        if code >= 0 or rank in raised:
+            continue
+        if first is not None and (-code == signal.SIGTERM or when > first + 1):
+            continue  # (when: torchrun's whole seconds)
+        found.append((-code == signal.SIGTERM, when, rank, -code))
+    if not found:
+        return None
+    _, when, rank, sig = min(found)
+    return rank, sig, when
+
+
+def unspoken(where: Path, failures: list[dict]) -> tuple[int, int, float] | None:
+    """The rank whose loss the first failure reports (a lost peer) that left no record, where
+    torchrun saw the survivor end first: -> (rank, 0: its signal unknown, 0)."""
+    if not failures or not lost_peer(failures[0], gone=True):
+        return None
+    raised = {f["rank"] for f in failures}
+    started = sorted(int(p.name.split("_")[-1]) for p in where.glob("pid_rank_*"))
+    quiet = [r for r in started if r not in raised]
+    return (quiet[0], 0, 0.0) if quiet else None
+
+
+def killed_line(
+    where: Path, run_dir: str | None, dead: tuple[int, int, float], ooms_before: int | None
+) -> str:
+    """The line for a rank a signal killed: the signal, where the rank was (its watchdog's
+    position file) and the collective the others waited in (their flight recorder dumps)."""
+    rank, sig, _ = dead
+    how = signal_words(sig or signal.SIGKILL, ooms_before)
+    line = f"paratrain: rank {rank} was killed by {how}"
+    if not sig and not how.startswith("the kernel's OOM killer"):  # (its signal unknown)
+        kill = (
+            "kill -9; not the OOM killer" if "not the OOM" in how else "kill -9 or the OOM killer"
+        )
+        line = (
+            f"paratrain: rank {rank} ended without a word: killed by a signal (SIGKILL: {kill}), "
+            "or a crash in native code"
+        )
+    position = last_position(where, rank)
+    if position:
+        line += f" ({placed(*position)})"
+    collective = waited_in(Path(run_dir) / "flight_recorder", rank) if run_dir else None
+    return line + (f"; the others waited for it in {collective}" if collective else "")
+
+
+def signal_words(sig: int, ooms_before: int | None) -> str:
+    """SIGKILL comes from kill -9 or from the kernel's OOM killer: its count, read before the
+    launch and now, tells them apart where it can be read."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    if sig != signal.SIGKILL:
+        crash = {"SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code"}
+        crash["SIGABRT"] = "aborted by native code"
+        return f"{name} ({crash[name]})" if name in crash else name
+    now = oom_kills()
+    if ooms_before is None or now is None:
+        return "SIGKILL (kill -9, or the kernel's OOM killer)"
+    if now > ooms_before:
+        return "the kernel's OOM killer (SIGKILL: out of memory)"
+    return "SIGKILL (kill -9; not the OOM killer)"
+
+
+def last_position(where: Path, rank: int) -> tuple[int, str] | None:
+    try:
+        step, phase = json.loads(position_file(where, rank).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return int(step), str(phase)
+
+
+def placed(step: int, phase: str) -> str:
+    return f"in step {step}" if phase == "step" else f"{phase}, step {step}"
+
+
+def silent_end(exits: dict[int, tuple[int, float]]) -> str:
+    """No worker said why it ended: what torchrun saw of them."""
+    ended = sorted((r, code) for r, (code, _) in exits.items() if code)
+    if not ended:
+        return "paratrain: training failed; the workers' errors are above"
+    said = ", ".join(f"rank {r} exited with code {code}" for r, code in ended)
+    return f"paratrain: training failed: {said}, leaving no error of its own (see its output above)"
+
+
+def hang_line(where: Path, run_dir: str | None) -> tuple[str, dict] | None:
+    """The rank a watchdog last found stopped (or behind) and the collective the others wait
+    in for it (the flight recorder's dumps) -> (the line, the watchdog's record). Rank 0's
+    watchdog watches every rank, rank 1's watches rank 0 (errors.hangs_file). The first rank
+    to fail is then only the first whose collective gave up (dist.timeout_s): the news is the
+    rank it waited for."""
+    hangs = []
+    for path in sorted(where.glob("watchdog*.json")):
+        try:
+            hangs += json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    if not hangs:
+        return None
+    h = min(hangs, key=lambda h: h["since"])  # the longest stopped
+    if h.get("stopped"):
+        what = "was stopped (SIGSTOP, or Ctrl-Z)"
+    else:
+        what = "stopped sending heartbeats" if h["silent"] else "fell behind"
+    line = f"paratrain: rank {h['rank']} {what} ({placed(h['step'], h['phase'])})"
+    collective = waited_in(Path(run_dir) / "flight_recorder", h["rank"]) if run_dir else None
+    line += f"; the others waited for it in {collective}" if collective else ""
+    return line, h
+
+
+def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | str:
+    """The full tracebacks in <run dir>/errors/, or why they could not be written there (a
+    full disk, a folder gone): the report must say the workers' error whatever happens here."""
+    folder = Path(run_dir or ".") / "errors"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for f in failures:
+            path = folder / f"rank{f['rank']}.txt"
+            path.write_text(f["traceback"])
+            paths.append(path)
+    except OSError as e:
+        return f"not saved ({folder}: {e.strerror or e})"
+    return paths
+
+
+def failure_report(
+    failures: list[dict],
+    paths: list[Path] | str,
+    hang: str | None = None,
+    mends: Sequence[str] = (),
+    then: str = "gave up",
+) -> str:
+    """The rank that failed first (or, first, where the failure began: a rank killed or
+    stopped, job.origin), its exception, the user's frame and the exception that started its
+    chain, where the tracebacks are; then the install's problems that explain it."""
+    first = failures[0]
+    others = len(failures) - 1
+    saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+    failed = f"rank {first['rank']} failed first: {first['type']}: {first['message']}"
+    if hang:
+        failed = f"then rank {first['rank']} {then}: {first['type']}: {first['message']}"
+    lines = [
+        *([hang] if hang else []),
+        f"{'  ' if hang else 'paratrain: '}{failed}",
+        f"  at {first['frame']}",
+        *([f"  caused by {first['cause']}"] if first.get("cause") else []),
+        f"  full tracebacks: {saved}"
+        + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""),
+    ]
+    if isinstance(paths, str):  # not in a file: the first rank's here, the news of the job
+        lines += [f"rank {first['rank']}'s traceback:", first["traceback"].rstrip()]
+    return "\n".join(lines + list(mends))
+
+
+def clean(where: Path) -> None:
+    shutil.rmtree(where, ignore_errors=True)
