@@ -88,8 +88,23 @@ def add(sub) -> None:
         "the best layout at each --gpus scale for --shape",
     )
     paper.add_argument(
-        "--shape", help="the model's shape (llama3.1-8b, llama3.1-70b, llama3.1-405b, ...)"
+        "--shape",
+        help="the model's shape (llama3.1-8b, llama3.1-70b, llama3.1-405b, ...) or the path "
+        "of a Llama-, Mistral- or Qwen-style config.json",
     )
+    paper.add_argument(
+        "--layout",
+        help="one layout to price at --gpus N, comma-separated: tp=T, pp=P, dp_replicate=R, "
+        "async_tp, schedule={gpipe,1f1b,interleaved}, stages_per_rank=V, microbatches=M (FSDP "
+        "takes the rest of the GPUs); without it, the best layout is searched",
+    )
+    paper.add_argument(
+        "--ac", choices=("none", "selective", "full"), help="--layout: activation checkpointing"
+    )
+    paper.add_argument(
+        "--local-batch", type=int, help="--layout: sequences a data-parallel rank (default 1)"
+    )
+    paper.add_argument("--json", action="store_true", help="--layout: one JSON object")
     paper.add_argument("--seq-len", type=int, help="tokens a sequence (default 8192)")
     paper.add_argument("--global-batch", type=int, help="sequences a step (default: one a GPU)")
     paper.add_argument("--float8", action="store_true", help="float8 linears (torchao's)")
@@ -116,6 +131,10 @@ def _offline_only(args):
         ("--global-batch", args.global_batch),
         ("--float8", args.float8),
         ("--terms", args.terms),
+        ("--layout", args.layout),
+        ("--ac", args.ac),
+        ("--local-batch", args.local_batch),
+        ("--json", args.json),
     )
 
 
@@ -138,9 +157,19 @@ def offline(args: argparse.Namespace) -> int:
         raise UserError("plan: --terms goes with --validate")
     if not args.shape:
         raise UserError("plan --hardware: give --shape (e.g. llama3.1-70b)")
-    for flag, value in (("--seq-len", args.seq_len), ("--global-batch", args.global_batch)):
+    numbers = ("--seq-len", args.seq_len), ("--global-batch", args.global_batch)
+    for flag, value in (*numbers, ("--local-batch", args.local_batch)):
         if value is not None and value < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")
+    if args.layout:
+        return one_layout(args, command, offline)
+    for flag, value in (
+        ("--ac", args.ac),
+        ("--local-batch", args.local_batch),
+        ("--json", args.json),
+    ):
+        if value:
+            raise UserError(f"plan: {flag} goes with --layout (the search weighs every choice)")
     return offline.run_layouts(
         args.hardware,
         args.shape,
@@ -148,6 +177,26 @@ def offline(args: argparse.Namespace) -> int:
         seq_len=args.seq_len or 8192,
         global_batch=args.global_batch,
         float8=args.float8,
+    )
+
+
+def one_layout(args: argparse.Namespace, command, offline) -> int:
+    """--layout: the one layout the user names, at one --gpus count."""
+    if args.global_batch is not None:
+        raise UserError("plan --layout: give --local-batch (sequences a data-parallel rank)")
+    gpus = command.parse_scales(args.gpus, "--gpus") if args.gpus else None
+    if not gpus or len(gpus) > 1:
+        raise UserError("plan --layout: give one --gpus count (e.g. --gpus 64)")
+    return offline.run_layout(
+        args.hardware,
+        args.shape,
+        gpus[0],
+        args.layout,
+        ac=args.ac or "selective",
+        local_batch=args.local_batch or 1,
+        seq_len=args.seq_len or 8192,
+        float8=args.float8,
+        as_json=args.json,
     )
 
 

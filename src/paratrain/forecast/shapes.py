@@ -99,10 +99,33 @@ def names() -> list[str]:
 
 
 def shape(name: str) -> Shape:
-    """A named shape of the causal LM's table."""
+    """A named shape of the causal LM's table, or the path of a Hugging Face config.json (or
+    of the folder holding one) of a Llama-, Mistral- or Qwen-style decoder."""
     from paratrain.models.causal_lm.build import SHAPES
+
+    if name not in SHAPES and ("/" in name or name.endswith(".json")):
+        return from_file(name)
 
     fields = SHAPES.get(name)
     if fields is not None and family_of(fields).analytic:
         return from_config(name, fields)
     raise UserError(f"--shape: no shape {name!r}; choose from {', '.join(names())}")
+
+
+def from_file(name: str) -> Shape:
+    """A config.json's fields as a Shape: nothing else of the checkpoint is read."""
+    import json
+    from pathlib import Path
+
+    path = Path(name)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        fields = json.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"--shape: cannot read {path} ({e.strerror or e})") from None
+    except ValueError as e:
+        raise UserError(f"--shape: {path} is not JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise UserError(f"--shape: {path} holds no config object")
+    fields = fields.get("text_config", fields)  # a multimodal config's language model
+    return from_config(path.parent.name or str(path), fields)

@@ -1,12 +1,16 @@
 """`paratrain plan` without a recipe or a GPU: `--validate torchtitan-h100` prints the
 published table beside the analytic prediction; `--hardware PROFILE --shape NAME --gpus
-8,64,512` prints the best layout at each scale with its predicted TPS/GPU and memory."""
+8,64,512` prints the best layout at each scale with its predicted TPS/GPU and memory;
+with `--layout` the one layout the user names, each term of its step, or `--json`."""
 
 from __future__ import annotations
+
+import json
 
 from paratrain.errors import UserError
 from paratrain.forecast import shapes
 from paratrain.forecast.analytic import hardware, search, validate
+from paratrain.forecast.analytic.step import Training, parse_cut, predict
 
 
 def run_validate(suite: str, profile: str | None, terms: bool) -> int:
@@ -61,5 +65,67 @@ def run_layouts(
             f"the clock a power curve of {hw.static_w:g} W static and exponent "
             f"{hw.power_exponent:g} allows (sources.power in the profile says where it is from)"
         )
+    print(f"  hardware derates and their sources: {hw.path}")
+    return 0
+
+
+def run_layout(
+    profile: str,
+    shape_name: str,
+    gpus: int,
+    layout: str,
+    *,
+    ac: str,
+    local_batch: int,
+    seq_len: int,
+    float8: bool,
+    as_json: bool,
+) -> int:
+    """The layout a user names, priced term by term: a table, or one JSON object."""
+    hw = hardware.load(profile)
+    shape = shapes.shape(shape_name)
+    if float8 and not hw.fp8_tflops:
+        raise UserError(f"--float8: {hw.name} has no float8 matmuls")
+    cut = parse_cut(layout, gpus)
+    train = Training(seq_len, local_batch, ac, compile=True, float8=float8)
+    p = predict(shape, hw, cut, train)
+    found = {
+        "shape": shape.name,
+        "parameters": shape.params,
+        "hardware": hw.name,
+        "gpus": gpus,
+        "layout": p["layout"],
+        "ac": ac,
+        "local_batch": local_batch,
+        "global_batch": local_batch * cut.dp,
+        "seq_len": seq_len,
+        "float8": float8,
+        "tps_per_gpu": p["tps_per_gpu"],
+        "step_s": p["step_s"],
+        "memory_gib": p["memory_gib"],
+        "fits": p["fits"],
+        "usable_gib": hw.usable_bytes / 2**30,
+        "mfu": p["mfu"] or None,
+        "terms": p["terms"],
+        "tp_comm_s": p["tp_comm_s"],
+        "fsdp_comm_s": p["fsdp_comm_s"],
+        "memory": {k: v for k, v in p["memory"].items() if isinstance(v, (int, float))},
+        "assumes": "compiled; torchtitan's schedules and FSDP2; bf16 weights held in fp32 with AdamW",
+    }
+    if as_json:
+        print(json.dumps(found))
+        return 0
+    fits = "fits" if p["fits"] else f"does NOT fit ({found['usable_gib']:.1f} GiB usable)"
+    print(
+        f"paratrain plan: {shape.name} ({shape.params / 1e9:,.1f}B) on {gpus} x {hw.name}: "
+        f"{p['layout']}, AC {ac}, local batch {local_batch} x {seq_len} "
+        f"({'bf16 + float8 linears' if float8 else 'bf16'}, compiled; from the profile, no GPU)"
+    )
+    mfu = f", MFU {p['mfu']:.0%}" if p["mfu"] else ""
+    print(
+        f"  {p['tps_per_gpu']:,.0f} tokens/s a GPU, step {p['step_s']:.3f} s{mfu}; "
+        f"memory {p['memory_gib']:.1f} GiB: {fits}"
+    )
+    print("  step terms (s): " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in p["terms"].items() if v))
     print(f"  hardware derates and their sources: {hw.path}")
     return 0

@@ -93,6 +93,7 @@ def best(
     return {
         "gpus": gpus,
         "layout": layout.describe(),
+        "cut": layout,
         "ac": ac,
         "local_batch": batch // layout.dp,
         "global_batch": batch,

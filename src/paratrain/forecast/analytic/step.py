@@ -99,6 +99,16 @@ class Cut:
     def v(self) -> int:
         return self.stages_per_rank if self.schedule == "interleaved" else 1
 
+    def as_flag(self) -> str:
+        """The `--layout` text that names this cut again (parse_cut's inverse)."""
+        default = Cut(self.gpus)
+        words = [
+            k if k == "async_tp" else f"{k}={getattr(self, k)}"
+            for k in LAYOUT_KEYS
+            if getattr(self, k) != getattr(default, k) and getattr(self, k) is not False
+        ]
+        return ",".join(words)
+
     def describe(self) -> str:
         parts = []
         if self.dp_replicate > 1 and self.dp_shard == 1:
@@ -130,6 +140,55 @@ class Training:
     @property
     def fp8_gather(self) -> bool:
         return self.float8 if self.fp8_all_gather is None else self.fp8_all_gather
+
+
+LAYOUT_KEYS = (
+    "tp",
+    "pp",
+    "dp_replicate",
+    "async_tp",
+    "schedule",
+    "stages_per_rank",
+    "microbatches",
+)
+
+
+def parse_cut(text: str, gpus: int) -> Cut:
+    """`--layout tp=8,pp=4,schedule=interleaved,stages_per_rank=2,microbatches=16,async_tp` at
+    N GPUs -> the Cut (FSDP takes the GPUs the others leave). One line for a word it does not
+    know, a value that is not a number, or a key given twice."""
+    import difflib
+
+    fields: dict[str, object] = {}
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        key, _, value = word.partition("=")
+        key = key.strip()
+        if key not in LAYOUT_KEYS:
+            near = difflib.get_close_matches(key, LAYOUT_KEYS, n=1, cutoff=0.5)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise UserError(
+                f"--layout: unknown {key!r}{hint}; use {', '.join(LAYOUT_KEYS)} (comma-separated)"
+            )
+        if key in fields:
+            raise UserError(f"--layout: {key} given twice")
+        if key == "async_tp":
+            if value not in ("", "true", "false"):
+                raise UserError(f"--layout: async_tp takes no value or true/false, got {value!r}")
+            fields[key] = value != "false"
+        elif key == "schedule":
+            if value not in SCHEDULES:
+                raise UserError(f"--layout: schedule={value!r}; choose {', '.join(SCHEDULES)}")
+            fields[key] = value
+        else:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                raise UserError(f"--layout: {key} needs a whole number, got {value!r}") from None
+            if fields[key] < 1:
+                raise UserError(f"--layout: {key} must be >= 1, got {value}")
+    return Cut(gpus, **fields)
 
 
 def check(shape: Shape, layout: Cut, train: Training) -> None:
