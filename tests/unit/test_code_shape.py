@@ -53,9 +53,9 @@ PLANTED = [
     ),
     (
         "tasks/custom.py",
-        "from paratrain.trainer import run",
+        "from paratrain.trainer import built",
         LAYERS,
-        "paratrain.tasks.custom -> paratrain.trainer.run",
+        "paratrain.tasks.custom -> paratrain.trainer.built",
     ),
     (
         "models/gan.py",

@@ -29,7 +29,7 @@ from paratrain.errors import UserError
 from paratrain.launch import runfolder
 from paratrain.launch.runfolder import restarted
 from paratrain.protocols import unwrap
-from paratrain.trainer.run import Held, Schedule
+from paratrain.trainer.built import Held, Schedule
 
 
 class Checkpointer:

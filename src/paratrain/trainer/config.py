@@ -1,5 +1,5 @@
-"""Configs of the training loop (trainer/loop.py) and its output; kept apart so config.py can compose
-them without importing the loop."""
+"""The optimizer a TrainConfig names (config/train.py holds the settings): for paratrain's
+loop and the peers' reference programs alike."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def step_windows(
 
 
 def build(
-    run,
+    built,
     schedule,
     state,
     *,
@@ -63,13 +63,13 @@ def build(
     checkpoints: dict | None = None,
     step_times: list[float] | None = None,
 ) -> dict[str, Any]:
-    """run: trainer.run.Built; schedule: its Schedule; state: the loop's, at the end."""
-    cfg, env, dims, work = run.cfg, run.env, run.dims, run.work
-    task = run.plan.task_spec
+    """built: trainer.built.Built; schedule: its Schedule; state: the loop's, at the end."""
+    cfg, env, dims, work = built.cfg, built.env, built.dims, built.work
+    task = built.plan.task_spec
     device = env.device
     # GPUs the run used: one per process, or all that a split spans
-    gpus = len(run.split["devices"]) if run.split and device.type == "cuda" else env.world_size
-    peak, peak_kind = metrics.peak_memory_bytes(device, run.split)
+    gpus = len(built.split["devices"]) if built.split and device.type == "cuda" else env.world_size
+    peak, peak_kind = metrics.peak_memory_bytes(device, built.split)
     peak = int(pg.all_reduce_max(float(peak), device))
     measured_steps, measured_s, warmup_excluded, first_tokens = window
     measured_s = max(measured_s, 1e-9)
@@ -102,13 +102,13 @@ def build(
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
-        "trainable_parameters": sum(p.numel() for p in run.params),
-        "model_state": model_state(run, schedule.k),  # `paratrain plan`'s calibration reads it
-        "loss_scale": run.scaler.get_scale() if run.scaler is not None else None,
+        "trainable_parameters": sum(p.numel() for p in built.params),
+        "model_state": model_state(built, schedule.k),  # `paratrain plan`'s calibration reads it
+        "loss_scale": built.scaler.get_scale() if built.scaler is not None else None,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
         # None where not counted (one process, FSDP, PowerSGD)
-        "communication": communication(run, state.step - start_step),
+        "communication": communication(built, state.step - start_step),
         "profile": profile,  # rank 0's top operators per step, when profiled
         "profile_phases": phases,  # rank 0's step by phase (profiling.phase_times)
     }
@@ -118,9 +118,9 @@ def build(
     ]
     if accuracies:  # the best epoch beside the last
         summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
-    if counts_tokens(run.plan.task):
+    if counts_tokens(built.plan.task):
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
-        summary.update(token_rates(run, all_tokens, measured_steps, measured_s, gpus))
+        summary.update(token_rates(built, all_tokens, measured_steps, measured_s, gpus))
     summary["energy"] = energy(
         joules,
         telemetry,
@@ -134,16 +134,16 @@ def build(
     return {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
         "name": cfg.name,
-        "task": run.plan.task,
-        "strategy": run.plan.label,
-        "strategy_doc": run.plan.strategy_doc,
+        "task": built.plan.task,
+        "strategy": built.plan.label,
+        "strategy_doc": built.plan.strategy_doc,
         "parallel": {
             **dims.describe(),
             "label": dims.label(),
-            "data_parallel": run.wrapper,
-            "split": run.split,
+            "data_parallel": built.wrapper,
+            "split": built.split,
         },
-        "redundant_data": run.redundant,
+        "redundant_data": built.redundant,
         "precision": cfg.precision,
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
         "fp8": cfg.model.fp8 if task.fp8 and cfg.model.fp8 != "none" else None,
@@ -163,17 +163,17 @@ def build(
         "hardware": metrics.hardware(device, env.world_size),
         "epochs": epochs,
         "summary": summary,
-        "output_dir": str(run.out_dir),
+        "output_dir": str(built.out_dir),
         "config": for_task(cfg.to_dict(), task.unread),
-        "plan": {"model": run.plan.to_dict()["model"], "data": run.plan.to_dict()["data"]},
+        "plan": {"model": built.plan.to_dict()["model"], "data": built.plan.to_dict()["data"]},
     }
 
 
-def token_rates(run, all_tokens: float, steps: int, seconds: float, gpus: int) -> dict:
+def token_rates(built, all_tokens: float, steps: int, seconds: float, gpus: int) -> dict:
     """Tokens/s and MFU over the measured window."""
-    dims, work, device = run.dims, run.work, run.env.device
+    dims, work, device = built.dims, built.work, built.env.device
     # every rank of a tp group and every stage counted the same batch
-    copies = dims.tp * dims.pp * (dims.dp_size if run.redundant else 1)
+    copies = dims.tp * dims.pp * (dims.dp_size if built.redundant else 1)
     unique_tokens = all_tokens / copies
     out = {
         "tokens_per_s": unique_tokens / seconds,
@@ -184,7 +184,7 @@ def token_rates(run, all_tokens: float, steps: int, seconds: float, gpus: int) -
     # MFU = achieved model FLOP/s per device / the device's dense bf16 peak; a run whose
     # linear layers compute in float8 is also quoted against the fp8 peak (twice as high)
     out["mfu"] = achieved / peak_flops if peak_flops else None
-    peak_fp8 = metrics.peak_fp8_flops(device) if run.cfg.model.fp8 != "none" else None
+    peak_fp8 = metrics.peak_fp8_flops(device) if built.cfg.model.fp8 != "none" else None
     out["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
     out["mfu_basis"] = {
         "formula": getattr(work.spec, "flops_formula", None),
@@ -217,21 +217,21 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def model_state(run, k: int) -> dict[str, Any]:
+def model_state(built, k: int) -> dict[str, Any]:
     """This rank's model state as it sits in memory after training: parameter, gradient and
     optimizer-state bytes counted from the tensors themselves, the largest block (FSDP gathers
     one at a time) and, for a causal LM, the shape tensor parallelism's collectives depend on."""
-    model = unwrap(run.eval_model)
+    model = unwrap(built.eval_model)
     params = list(model.parameters())
     state = [
         t
-        for o in (run.optimizer if isinstance(run.optimizer, list) else [run.optimizer])
+        for o in (built.optimizer if isinstance(built.optimizer, list) else [built.optimizer])
         for s in o.state.values()
         for t in s.values()
         if torch.is_tensor(t) and t.dim() > 0  # not AdamW's scalar step counters
     ]
     try:
-        blocks = run.work.spec.blocks(model)
+        blocks = built.work.spec.blocks(model)
     except Exception:  # a family without blocks: FSDP then wraps the model whole
         blocks = []
     config = getattr(getattr(model, "base_model", model), "config", None)
@@ -239,8 +239,8 @@ def model_state(run, k: int) -> dict[str, Any]:
     return {
         "parameters": sum(_local(p).numel() for p in params),
         "parameter_bytes": sum(_nbytes(p) for p in params),
-        "trainable_parameters": sum(_local(p).numel() for p in run.params),
-        "gradient_bytes": sum(_nbytes(p) for p in run.params),  # a gradient per trainable weight
+        "trainable_parameters": sum(_local(p).numel() for p in built.params),
+        "gradient_bytes": sum(_nbytes(p) for p in built.params),  # a gradient per trainable weight
         "optimizer_bytes": sum(_nbytes(t) for t in state),
         "largest_block_parameters": max(
             (sum(_local(p).numel() for p in b.parameters()) for b in blocks), default=0
@@ -250,25 +250,25 @@ def model_state(run, k: int) -> dict[str, Any]:
         "layers": getattr(config, "num_hidden_layers", None),
         "attention_heads": getattr(config, "num_attention_heads", None),
         "kv_heads": getattr(config, "num_key_value_heads", None),
-        "micro_batch": run.cfg.data.batch_size,
-        "sequence_length": run.cfg.data.max_length if counts_tokens(run.plan.task) else None,
+        "micro_batch": built.cfg.data.batch_size,
+        "sequence_length": built.cfg.data.max_length if counts_tokens(built.plan.task) else None,
         "micro_batches": k,
     }
 
 
-def communication(run, steps: int) -> dict | None:
-    sync = run.sync
-    if sync is None or sync.sent is None or run.env.world_size == 1:
+def communication(built, steps: int) -> dict | None:
+    sync = built.sync
+    if sync is None or sync.sent is None or built.env.world_size == 1:
         return None
     return {
-        "mode": run.cfg.sync.mode,
+        "mode": built.cfg.sync.mode,
         "bytes_sent": sync.sent,
         "bytes_per_step": sync.sent / max(steps, 1),
         # averagings for checkpoints and evaluations (local SGD / DiLoCo): not in the above
         "extra_bytes": sync.extra,
-        "compression": run.cfg.ddp.gradient_compression,
+        "compression": built.cfg.ddp.gradient_compression,
         # a simulated link's rate (sync.simulated_gbps): step times then include its delays
-        "simulated_gbps": run.cfg.sync.simulated_gbps or None,
+        "simulated_gbps": built.cfg.sync.simulated_gbps or None,
     }
 
 

@@ -44,10 +44,10 @@ from paratrain.parallel.sync import build as build_sync
 from paratrain.parallel.tp import split_by_kind
 from paratrain.protocols import BuildContext, Workload, unwrap
 from paratrain.tasks import get_task
+from paratrain.trainer.built import Built, Schedule
 from paratrain.trainer.config import build_optimizer
 from paratrain.trainer.measure import seed_all
 from paratrain.trainer.precision import build_policy, build_scaler
-from paratrain.trainer.run import Built, Schedule
 
 
 def setup(plan, env: pg.DistEnv) -> tuple[Built, Schedule]:
@@ -326,41 +326,41 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     }
 
 
-def announce(run: Built) -> None:
+def announce(built: Built) -> None:
     """The plan's lines on rank 0's console, once every check has passed (a restarted
     generation's were printed by the first). Its files follow the run's first step
     (write_plan)."""
-    env, out_dir = run.env, run.out_dir
+    env, out_dir = built.env, built.out_dir
     if env.is_main and not restarted():
         print(f"paratrain: plan (saved as {out_dir / 'plan.json'} after step 1)", flush=True)
-        print("\n".join(run.plan.lines(run.counts)), flush=True)
+        print("\n".join(built.plan.lines(built.counts)), flush=True)
     nccl = env.device.type == "cuda" and env.world_size > 1
-    if env.is_main and run.cfg.dist.flight_recorder and nccl:
+    if env.is_main and built.cfg.dist.flight_recorder and nccl:
         # NCCL dumps here by itself when a collective times out, in the first step too (gloo's
         # dumps, the watchdog's, make the folder when they write); removed at the end if
         # nothing was dumped, and by the launching command if the run wrote nothing else
         (out_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
 
 
-def write_plan(run: Built, run_id: str) -> None:
+def write_plan(built: Built, run_id: str) -> None:
     """The run folder's config.yaml and plan.json, once the run's first step has run
     (trainer.py): a refused resume or a mistake found before it leaves an earlier run's as
     they were. A restarted generation keeps what the first wrote (writes them if it had not).
     First the ledger of the run's files (runfolder.start_ledger), so that they are listed."""
-    out_dir = run.out_dir
-    if run.env.is_main and (not restarted() or not (out_dir / "config.yaml").is_file()):
+    out_dir = built.out_dir
+    if built.env.is_main and (not restarted() or not (out_dir / "config.yaml").is_file()):
         from paratrain.config import to_yaml
 
         out_dir.mkdir(parents=True, exist_ok=True)
         start_ledger(out_dir, run_id, new_session=not restarted())
         # the folder the run went to: what `paratrain run --resume <run dir>` continues in
-        cfg = dataclasses.replace(run.cfg, output_dir=str(out_dir))
+        cfg = dataclasses.replace(built.cfg, output_dir=str(out_dir))
         (out_dir / "config.yaml").write_text(to_yaml(cfg))
-        run.plan.save(out_dir / "plan.json", run.counts)
+        built.plan.save(out_dir / "plan.json", built.counts)
 
 
-def tidy(run: Built) -> None:
+def tidy(built: Built) -> None:
     """The end of a run (or its interruption): no empty flight_recorder folder left behind."""
-    folder = run.out_dir / "flight_recorder"
-    if run.env.is_main and folder.is_dir() and not any(folder.iterdir()):
+    folder = built.out_dir / "flight_recorder"
+    if built.env.is_main and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()

@@ -41,21 +41,21 @@ from paratrain.trainer.watchdog import Watchdog, limit_for
 
 
 class Trainer:
-    """What setup builds (run: trainer.run.Built), the lengths decided once (schedule), the
+    """What setup builds (built: trainer.built.Built), the lengths decided once (schedule), the
     loop's state (state: where it is, what it skipped), and the components, each given the
     fields it reads."""
 
     def __init__(self, plan, env: pg.DistEnv):
-        self.run, self.schedule = run, schedule = setup(plan, env)
-        cfg = run.cfg
-        pipe = run.pipe
+        self.built, self.schedule = built, schedule = setup(plan, env)
+        cfg = built.cfg
+        pipe = built.pipe
         self.checkpoints = Checkpointer(
             cfg.checkpoint,
-            run.held,
-            ckpt_dir=run.ckpt_dir,
-            out_dir=run.out_dir,
+            built.held,
+            ckpt_dir=built.ckpt_dir,
+            out_dir=built.out_dir,
             env=env,
-            dims=run.dims,
+            dims=built.dims,
             schedule=schedule,
             tied=pipe.tied.aliases if pipe is not None and pipe.tied else None,
             epochs_decide=cfg.train.max_steps is None,
@@ -66,52 +66,52 @@ class Trainer:
             state,
             rank=env.rank,
             world=env.world_size,
-            replicas=env.world_size // run.dims.pp,
+            replicas=env.world_size // built.dims.pp,
             device=env.device,
         )
         self.loss_sum: torch.Tensor | None = None  # the epoch's, on this rank
-        announce(run)  # the plan's lines, once every check has passed
+        announce(built)  # the plan's lines, once every check has passed
         self.watchdog = Watchdog(
             env.rank,
             env.world_size,
             limit_for(cfg.dist.watchdog_s, cfg.dist.timeout_s),
-            dump_dir=run.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
+            dump_dir=built.out_dir / "flight_recorder" if cfg.dist.flight_recorder else None,
             backend=env.backend,
         )
         self.measure = Measure(
             env,
             cfg.train,
             start_step=state.step,
-            out_dir=run.out_dir,
+            out_dir=built.out_dir,
             watchdog_s=cfg.dist.watchdog_s,
-            devices=run_devices(run.split, env.device),
+            devices=run_devices(built.split, env.device),
         )
-        self.report = reporter(run, schedule, self.measure, state.step)
+        self.report = reporter(built, schedule, self.measure, state.step)
         self.guard = NaNGuard(
-            state, limit=cfg.train.max_bad_steps, ckpt_dir=run.ckpt_dir, is_main=env.is_main
+            state, limit=cfg.train.max_bad_steps, ckpt_dir=built.ckpt_dir, is_main=env.is_main
         )
         self.evaluate = Evaluator(
             self.watchdog,
             enabled=cfg.train.eval,
-            model=run.model,
-            eval_model=run.eval_model,
-            val=run.work.val,
-            score=run.work.evaluate,
-            sync=run.sync,
-            step_context=run.step_context,
+            model=built.model,
+            eval_model=built.eval_model,
+            val=built.work.val,
+            score=built.work.evaluate,
+            sync=built.sync,
+            step_context=built.step_context,
             pipe=pipe,
-            autocast=run.policy.autocast,
+            autocast=built.policy.autocast,
             loader_batch=schedule.loader_batch,
-            before=run.sync_buffers,
+            before=built.sync_buffers,
         )
-        self.step = choose_step(Step.of_built(run), schedule.k)
+        self.step = choose_step(Step.of_built(built), schedule.k)
         self.start_step = state.step
         self.folder_written = False
 
     def fit(self) -> dict[str, Any]:
-        run, state, total = self.run, self.state, self.schedule.total_steps
+        built, state, total = self.built, self.state, self.schedule.total_steps
         began, epochs = time.perf_counter(), list(self.losses.epochs)  # the run's before this one
-        gc_pause(run.cfg.train.gc_every_steps)
+        gc_pause(built.cfg.train.gc_every_steps)
         self.interrupts.install()
         try:
             while state.step < total:
@@ -126,14 +126,14 @@ class Trainer:
     def epoch(self) -> dict[str, Any]:
         """One pass over this rank's share of the data (or what is left of it on resume),
         then the held-out metrics."""
-        run, state, clock, schedule = self.run, self.state, self.measure.clock, self.schedule
+        built, state, clock, schedule = self.built, self.state, self.measure.clock, self.schedule
         skip = schedule.skip(state.step_in_epoch)  # resume mid-epoch
-        run.work.sampler.set_epoch(state.epoch, skip=skip)
-        run.model.train()
+        built.work.sampler.set_epoch(state.epoch, skip=skip)
+        built.model.train()
         first, began, wall = state.step, clock.elapsed(), time.perf_counter()
         so_far = self.losses.begin(state)  # a resumed epoch's sum goes on from its checkpoint's
-        self.loss_sum = torch.full((), so_far, device=run.env.device, dtype=torch.float64)
-        batches = iter(run.work.train)
+        self.loss_sum = torch.full((), so_far, device=built.env.device, dtype=torch.float64)
+        batches = iter(built.work.train)
         clock.resume()
         self.report.epoch_start(state.step, so_far)
         per_epoch, total = schedule.steps_per_epoch, schedule.total_steps
@@ -157,10 +157,10 @@ class Trainer:
     def train_step(self, batches) -> None:
         """One optimizer step, and what follows it: its loss into the epoch's sum (none for a
         skipped step, nor on a pipeline stage without the loss), the components' turns."""
-        run, state, tc = self.run, self.state, self.run.cfg.train
+        built, state, tc = self.built, self.state, self.built.cfg.train
         total = self.schedule.total_steps
         self.measure.before_step(state.step)
-        set_lr(run.optimizer, lr_at(state.step, total, tc))
+        set_lr(built.optimizer, lr_at(state.step, total, tc))
         began = time.perf_counter()
         self.watchdog.beat(state.step + 1, "step")
 
@@ -178,7 +178,7 @@ class Trainer:
         wrote = self.first_step_done() if not self.folder_written else 0.0
         saving = self.checkpoint_if_due()
         self.watchdog.beat(state.step, "between steps")
-        faults.after_step(run.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
+        faults.after_step(built.env.rank, state.step)  # PARATRAIN_FAULTS only (tests, chaos)
         # the stop check is a collective: a rank waiting there for a stalled one waits in this
         # step, so the step's time (and the stall meter) must include it
         stop = state.step < total and self.interrupts.stop_at(state.step)
@@ -206,36 +206,36 @@ class Trainer:
         folder as it was (launch/runfolder/)."""
         if not self.folder_written:
             self.folder_written = True
-            write_plan(self.run, self.checkpoints.owner["run"])
+            write_plan(self.built, self.checkpoints.owner["run"])
             self.report.open()
-            if self.run.env.is_main:
-                runfolder.record(self.run.out_dir)  # the step log's files: the run's
+            if self.built.env.is_main:
+                runfolder.record(self.built.out_dir)  # the step log's files: the run's
 
     def interrupt(self) -> None:
         """Ctrl-C / SIGTERM, agreed by every rank at this step boundary: the step's checkpoint
         (checkpoint.on_interrupt), the logs closed, then Interrupted (exit 130)."""
-        run = self.run
+        built = self.built
         self.write_folder()  # (a no-op after a step; a checkpoint needs its config.yaml)
         self.measure.clock.pause()
         self.guard.read()  # the checkpoint's list of skipped steps is complete
         self.watchdog.beat(self.state.step, "checkpoint")
-        run.sync_buffers()
+        built.sync_buffers()
         self.losses.carry(self.state, self.loss_sum)
         checkpoint = self.checkpoints.on_interrupt(self.state)
         self.report.close()
-        tidy(run)
-        raise Interrupted(self.state.step, checkpoint, str(run.out_dir))
+        tidy(built)
+        raise Interrupted(self.state.step, checkpoint, str(built.out_dir))
 
     def checkpoint_if_due(self) -> float:
         """-> the seconds a checkpoint took (already outside the training clock)."""
-        run, state, clock = self.run, self.state, self.measure.clock
+        built, state, clock = self.built, self.state, self.measure.clock
         if not self.checkpoints.due(state.step):
             return 0.0
         began = time.perf_counter()
         self.guard.read()  # a checkpoint's list of skipped steps is complete
         clock.pause()
         self.watchdog.beat(state.step, "checkpoint")
-        run.sync_buffers()
+        built.sync_buffers()
         self.losses.carry(state, self.loss_sum)
         self.checkpoints.save(state)
         clock.resume()
@@ -244,35 +244,35 @@ class Trainer:
     def epoch_record(self, first: int, train_s: float) -> dict[str, Any]:
         """The epoch's steps and time in this run; its loss over all its steps, those before a
         resume included (trainer/losses.py)."""
-        run, state = self.run, self.state
+        built, state = self.built, self.state
         steps = state.step - first
         good = self.losses.good_steps(state)
-        (loss_total,) = pg.all_reduce_sum([self.loss_sum.item()], run.env.device)
+        (loss_total,) = pg.all_reduce_sum([self.loss_sum.item()], built.env.device)
         return {
             "epoch": state.epoch,
             "steps": steps,
             "train_s": train_s,
             # each data-parallel replica's loss once: tp ranks repeat it, and of a pipeline's
             # stages only the last has it
-            "train_loss": loss_total / (run.env.world_size // run.dims.pp) / max(good, 1),
+            "train_loss": loss_total / (built.env.world_size // built.dims.pp) / max(good, 1),
             "train_loss_steps": self.losses.covered(state),
             "unique_samples_per_s": self.schedule.unique_per_step * steps / max(train_s, 1e-9),
         }
 
     def finish(self, epochs: list[dict], began: float) -> dict[str, Any]:
         """The end of the run: the last checkpoint, the task's artifacts, result.json."""
-        run, measure, state = self.run, self.measure, self.state
+        built, measure, state = self.built, self.measure, self.state
         self.write_folder()  # (a no-op after a step: a run with none left to take has none)
         artifacts = self.report.close()
-        run.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
+        built.sync.finish()  # stale-1: the last all-reduce waited for (its gradients not applied)
         telemetry = measure.finish()
-        run.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
+        built.sync_buffers()  # the final state, for the checkpoint and the run's artifacts
         self.losses.carry(state, self.loss_sum)
         self.checkpoints.finish(state, self.start_step)
-        if run.work.finish is not None:
-            artifacts = {**run.work.finish(run.model, run.out_dir), **artifacts}
+        if built.work.finish is not None:
+            artifacts = {**built.work.finish(built.model, built.out_dir), **artifacts}
         result = results.build(
-            run,
+            built,
             self.schedule,
             state,
             epochs=epochs,
@@ -290,20 +290,20 @@ class Trainer:
             checkpoints=self.checkpoints.stats,
             step_times=measure.stalls.times,  # each step's seconds, as the stall meter saw them
         )
-        if run.env.is_main:
-            metrics.write_json(run.out_dir / "result.json", result)
+        if built.env.is_main:
+            metrics.write_json(built.out_dir / "result.json", result)
             results.print_summary(result)
         pg.barrier()
-        tidy(run)
+        tidy(built)
         return result
 
 
-def reporter(run, schedule, measure: Measure, start_step: int) -> Reporter:
+def reporter(built, schedule, measure: Measure, start_step: int) -> Reporter:
     """The Reporter, given what it shows: the bar's label, the step log's settings, what
     counts as a trained unit (tokens of a language model, else samples)."""
-    cfg, env = run.cfg, run.env
-    label = f"{run.plan.label} x{env.world_size} {cfg.precision}"
-    label += " [redundant data]" if run.redundant else ""
+    cfg, env = built.cfg, built.env
+    label = f"{built.plan.label} x{env.world_size} {cfg.precision}"
+    label += " [redundant data]" if built.redundant else ""
     wandb = {"project": cfg.log.wandb_project, "name": cfg.name, "config": cfg.to_dict()}
     return Reporter(
         measure,
@@ -313,11 +313,11 @@ def reporter(run, schedule, measure: Measure, start_step: int) -> Reporter:
         is_main=env.is_main,
         device=env.device,
         label=label,
-        lm=counts_tokens(run.plan.task),
-        copies=1 if run.redundant else run.dims.dp_size,  # tokens: rank 0's x replicas
-        has_loss=run.pipe is None or run.pipe.last,  # a pipeline's: on its last stage
-        out_dir=run.out_dir,
-        scaler=run.scaler,
+        lm=counts_tokens(built.plan.task),
+        copies=1 if built.redundant else built.dims.dp_size,  # tokens: rank 0's x replicas
+        has_loss=built.pipe is None or built.pipe.last,  # a pipeline's: on its last stage
+        out_dir=built.out_dir,
+        scaler=built.scaler,
         lr=lambda step: lr_at(step, schedule.total_steps, cfg.train),
         wandb=wandb if cfg.log.wandb else None,
     )
