@@ -149,10 +149,20 @@ def offline(args: argparse.Namespace) -> int:
     if given:
         raise UserError(f"plan: {given[0]} needs a recipe; --validate / --hardware take none")
     if args.validate:
-        extra = [f for f, v in _offline_only(args) if v and f != "--terms"]
-        if extra:
-            raise UserError(f"plan --validate: {extra[0]} is the table's own; leave it out")
-        return offline.run_validate(args.validate, args.hardware, args.terms)
+        return validate(args, offline)
+    return paper(args, command, offline)
+
+
+def validate(args: argparse.Namespace, offline) -> int:
+    """--validate: a published table beside the prediction."""
+    extra = [f for f, v in _offline_only(args) if v and f != "--terms"]
+    if extra:
+        raise UserError(f"plan --validate: {extra[0]} is the table's own; leave it out")
+    return offline.run_validate(args.validate, args.hardware, args.terms)
+
+
+def paper(args: argparse.Namespace, command, offline) -> int:
+    """--hardware: the best layout at each scale, or with --layout the one named."""
     if args.terms:
         raise UserError("plan: --terms goes with --validate")
     if not args.shape:

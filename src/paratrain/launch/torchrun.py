@@ -194,6 +194,20 @@ def safe_path():
             os.environ[SAFE_PATH] = before
 
 
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+"""A -W option for multiprocessing's resource tracker, which passes this process's
+sys.warnoptions to itself when it starts: a worker killed with SIGKILL leaves the semaphores
+its loader held, the tracker removes them at the end, and its warning ("There appear to be 22
+leaked semaphore objects") says nothing the launch's report of the kill has not."""
+
+
+def quiet_resource_tracker() -> None:
+    import sys
+
+    if TRACKER_WARNING not in sys.warnoptions:
+        sys.warnoptions.append(TRACKER_WARNING)
+
+
 def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None) -> None:
     """torchrun's own agent, in this process. With `preload` (the modules every worker
     imports), the agent forks its workers from a fork server that imported them once, instead
@@ -230,6 +244,7 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None
 
     forkserver._forkserver._stop()
     multiprocessing.set_forkserver_preload(list(preload))
+    quiet_resource_tracker()
     # A worker that exits non-zero is logged by the agent as one line ("failed (exitcode: 2)
     # local_rank: 0 ..."), as for `python -m` workers; for a function's process the agent adds
     # the traceback of its own join, which says nothing about the worker: left out.

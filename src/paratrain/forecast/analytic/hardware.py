@@ -47,6 +47,43 @@ class Hardware:
     static_w: float = 0.0
     power_exponent: float = 3.0
     path: str = ""  # the file it was read from
+    rates_path: str = ""
+    """[tables] rates: a table of GEMM and attention rates by shape measured on this GPU
+    (rates.py); without one, the derates above price every matmul alike."""
+    attention_backend: str = "flash"
+    """Which of the table's attention kernels a step runs (sdpa's flash: torchtitan's)."""
+
+    @property
+    def rates(self):
+        from paratrain.forecast.analytic import rates
+
+        return rates.load(self.rates_path) if self.rates_path else None
+
+    def gemm_s(self, m: float, n: float, k: float, float8: bool = False) -> float:
+        """Seconds of one (M, N, K) GEMM: at its own measured rate where the profile has a
+        table (at this profile's clock), else at the one derated rate."""
+        flops = 2 * m * n * k
+        table = self.rates
+        if table is None:
+            return flops / self.matmul_flops(float8)
+        if float8 and not self.fp8_tflops:
+            raise UserError(f"hardware {self.name}: no float8 matmuls on this GPU")
+        rate = table.gemm_tflops(m, n, k, "float8" if float8 else "bf16")
+        return flops / (rate * 1e12 * self.clock)
+
+    def attention_s(
+        self, head_dim: int, heads: float, seq: int, tokens: float
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of causal attention over `tokens` tokens in sequences of
+        `seq`, `heads` heads of `head_dim` on this GPU: forward 2 tokens seq heads head_dim
+        FLOPs (the causal half), backward 2.5 times that."""
+        flops = 2 * tokens * seq * heads * head_dim
+        table = self.rates
+        if table is None:
+            rate = self.attention_flops(head_dim)
+            return flops / rate, 2.5 * flops / rate
+        fwd, bwd = table.attention_tflops(head_dim, heads, seq, self.attention_backend)
+        return flops / (fwd * 1e12 * self.clock), 2.5 * flops / (bwd * 1e12 * self.clock)
 
     @property
     def clock(self) -> float:
@@ -148,6 +185,15 @@ def _power_curve(power, sheet: dict, where: str) -> tuple[float, float]:
     return static, exponent
 
 
+def _tables(tables, where: str) -> tuple[str, str]:
+    """[tables]: the rates table's path (beside the profile unless a path says otherwise) and
+    the attention kernel a step runs."""
+    if not isinstance(tables, dict) or set(tables) - {"rates", "attention_backend"}:
+        raise UserError(f"hardware profile {where}: [tables] holds rates and attention_backend")
+    path = str((Path(where).parent / str(tables["rates"])).resolve()) if "rates" in tables else ""
+    return path, str(tables.get("attention_backend", "flash"))
+
+
 def from_dict(data: dict, where: str = "profile") -> Hardware:
     sheet, derate = data.get("datasheet", {}), data.get("derate", {})
     missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
@@ -165,7 +211,10 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
     if bad:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
     static, exponent = _power_curve(power, sheet, where)
+    rates_path, attention_backend = _tables(data.get("tables", {}), where)
     return Hardware(
+        rates_path=rates_path,
+        attention_backend=attention_backend,
         name=data.get("name", Path(where).stem),
         path=where,
         static_w=static,

@@ -225,17 +225,47 @@ def recompute_share(shape: Shape, ac: str) -> float:
     return again / shape.layer_matmul_params
 
 
+COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")  # split by output features under TP
+
+
+def gemms(shape: Shape, tokens: int, tp: int) -> dict[str, list[tuple[int, int, int]]]:
+    """A decoder layer's GEMMs on one rank for a micro-batch of `tokens` tokens, as torch runs
+    them, (M, N, K) each: the forward X W^T (tokens, out, in), the input's gradient dY W
+    (tokens, in, out) and the weight's dY^T X (out, in, tokens). Under tensor parallelism
+    (Megatron's plan) q, k, v, gate and up are split by their outputs, o and down by their
+    inputs; sequence parallelism gathers the tokens first, so M stays the micro-batch's."""
+    out: dict[str, list[tuple[int, int, int]]] = {
+        "forward": [],
+        "grad_input": [],
+        "grad_weight": [],
+    }
+    for name, (i, o) in shape.linears().items():
+        i, o = (i, o // tp) if name in COLUMN_PARALLEL else (i // tp, o)
+        out["forward"].append((tokens, o, i))
+        out["grad_input"].append((tokens, i, o))
+        out["grad_weight"].append((o, i, tokens))
+    return out
+
+
+def matmul_seconds(shape: Shape, hw: Hardware, tokens: int, tp: int, float8: bool) -> dict:
+    """Seconds of a layer's GEMMs by pass on one rank, each at its own shape's rate."""
+    return {
+        kind: sum(hw.gemm_s(m, n, k, float8) for m, n, k in shapes)
+        for kind, shapes in gemms(shape, tokens, tp).items()
+    }
+
+
 def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: int) -> dict:
     """Seconds of one decoder layer's forward + backward (+ recompute) on one GPU for a
     micro-batch of `tokens` tokens, by term; and the forward's share of it."""
     h, kv, f, s = shape.hidden, shape.kv_width, shape.ffn, train.seq_len
     r = recompute_share(shape, train.ac)
-    mm_forward = 2 * tokens * shape.layer_matmul_params / tp
-    passes = 2 if train.lora else 3  # frozen weights: the input's gradient only
-    mm = mm_forward * (passes + r) / hw.matmul_flops(train.float8)
-    att_forward = 2 * tokens * s * h / tp
-    att_passes = 1 + 2.5 + (1 if train.ac == "full" else 0)
-    attention = att_forward * att_passes / hw.attention_flops(shape.head_dim)
+    mm_s = matmul_seconds(shape, hw, tokens, tp, train.float8)
+    # frozen weights (LoRA): the input's gradient only
+    mm = mm_s["forward"] + mm_s["grad_input"] + (0.0 if train.lora else mm_s["grad_weight"])
+    recompute_mm = mm_s["forward"] * r  # the share of the forward's FLOPs run again
+    att_fwd, att_bwd = hw.attention_s(shape.head_dim, shape.heads / tp, s, tokens)
+    att_again = att_fwd if train.ac == "full" else 0.0
     widths = COMPILED if train.compile else EAGER
     per_token = widths["hidden"] * h + widths["kv"] * kv + widths["ffn"] * f
     el_passes = 1 + 2 + (0 if train.ac == "none" else 1)
@@ -253,29 +283,26 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
         weights = shape.layer_matmul_params * (3 if train.fp8_gather else 8)
         casts = (tokens * acts + weights) / tp
     memory = (elementwise + casts) / hw.memory_bytes_s()
-    total = mm + attention + memory
-    forward = (mm_forward / hw.matmul_flops(train.float8)) + att_forward / hw.attention_flops(
-        shape.head_dim
-    )
+    total = mm + recompute_mm + att_fwd + att_bwd + att_again + memory
     return {
-        "matmul_s": mm_forward * passes / hw.matmul_flops(train.float8),
-        "recompute_s": mm_forward * r / hw.matmul_flops(train.float8)
-        + (att_forward / hw.attention_flops(shape.head_dim) if train.ac == "full" else 0.0),
-        "attention_s": att_forward * 3.5 / hw.attention_flops(shape.head_dim),
+        "matmul_s": mm,
+        "recompute_s": recompute_mm + att_again,
+        "attention_s": att_fwd + att_bwd,
         "memory_bound_s": elementwise / hw.memory_bytes_s(),
         "float8_casts_s": casts / hw.memory_bytes_s(),
         "total_s": total,
-        "forward_s": forward,
+        "forward_s": mm_s["forward"] + att_fwd,
     }
 
 
 def head_s(shape: Shape, hw: Hardware, tokens: int, tp: int, train: Training) -> float:
     """lm_head's forward and backward matmuls (bf16: torchtitan keeps it out of float8) and
     the loss over fp32 logits (split over the vocabulary under TP's loss parallel)."""
-    mm = (4 if train.lora else 6) * tokens * shape.vocab * shape.hidden / tp
+    v, h = shape.vocab // tp, shape.hidden  # split by the vocabulary under TP
+    mm = hw.gemm_s(tokens, v, h) + hw.gemm_s(tokens, h, v)  # forward, the input's gradient
+    mm += 0.0 if train.lora else hw.gemm_s(v, h, tokens)  # the weight's gradient
     per_logit = FUSED_LOSS_BYTES if train.fused_loss else LOSS_BYTES
     loss = tokens * shape.vocab / tp * per_logit / hw.memory_bytes_s()
-    mm /= hw.matmul_flops(False)
     return mm + loss
 
 

@@ -151,26 +151,26 @@ def build_causal_lm(
 
 def shape_of(shape: str, layers: int | None = None) -> dict:
     """A named shape's config fields, with its decoder layer count replaced when given."""
-    key = "n_layer" if SHAPES[shape].get("model_type") == "gpt2" else "num_hidden_layers"
+    key = family_of(SHAPES[shape]).layers_key
     return {**SHAPES[shape], **({key: layers} if layers else {})}
 
 
 def shape_config(shape: str, layers: int | None = None, attn: str = "sdpa"):
-    """A named shape as its transformers config (LlamaConfig, GPT2Config)."""
-    from transformers import GPT2Config, LlamaConfig
+    """A named shape as its transformers config (its family's: LlamaConfig, GPT2Config)."""
+    import transformers
 
     fields = shape_of(shape, layers)
-    kind = fields.pop("model_type", "llama")
-    config_class = {"llama": LlamaConfig, "gpt2": GPT2Config}[kind]
+    config_class = getattr(transformers, family_of(fields).hf_classes[0])
+    fields.pop("model_type", None)
     return config_class(**fields, attn_implementation=attn)
 
 
 def model_class(config):
     """The causal-LM class of a shape's config. The class itself, not AutoModelForCausalLM's
     from_config: the same seed gives the same weights as the plain reference (bench/peers)."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+    import transformers
 
-    return {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}[config.model_type]
+    return getattr(transformers, family_of(config).hf_classes[1])
 
 
 @contextlib.contextmanager

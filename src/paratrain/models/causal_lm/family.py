@@ -36,6 +36,17 @@ class Family:
     analytic: bool = False
     """Its layer is the one the analytic forecast prices (forecast/analytic/): grouped-query
     attention with rotary positions, a gated (SwiGLU) MLP, RMSNorm."""
+    layers_key: str = "num_hidden_layers"
+    """The config field of its decoder layer count (model.layers replaces it)."""
+    learned_positions: bool = False
+    """One embedding learned per position (max_position_embeddings of them): a longer row is
+    an index past the table. Rotary positions have no such end."""
+    hf_classes: tuple[str, str] = ("LlamaConfig", "LlamaForCausalLM")
+    """transformers' config and model classes a named shape of the family is built with."""
+    parts: str | None = None
+    """The module of a family whose parts differ from Llama's (its folder, imported when a
+    plan or a stage needs it): `tp_plan(base, sequence_parallel=, loss_parallel=)` and
+    `stage_body(decoder, layers, first, options)`. None: Llama's, in spec.py."""
 
 
 LLAMA = Family(
@@ -59,6 +70,10 @@ GPT2 = Family(
     # (the same name) out, as Llama's default leaves the MLP out
     lora_targets=("attn.c_attn", "attn.c_proj"),
     conv1d=True,
+    layers_key="n_layer",
+    learned_positions=True,
+    hf_classes=("GPT2Config", "GPT2LMHeadModel"),
+    parts="paratrain.models.causal_lm.gpt2",
 )
 
 FAMILIES = {"llama": LLAMA, "gpt2": GPT2}
@@ -84,6 +99,15 @@ def family_of(model_or_config) -> Family:
     config = getattr(obj, "config", obj) if isinstance(obj, nn.Module) else obj
     kind = config.get("model_type", "llama") if isinstance(config, dict) else config.model_type
     return family_named(kind)
+
+
+def family_parts(family: Family):
+    """The family's own module (Family.parts), or None for Llama's layout."""
+    if family.parts is None:
+        return None
+    import importlib
+
+    return importlib.import_module(family.parts)
 
 
 def decoder_of(base: nn.Module) -> nn.Module:

@@ -2,7 +2,7 @@
 or not. Blocks, split units and FLOPs follow the family's layout (family.py: Llama's model.layers,
 GPT-2's transformer.h); the tensor-parallel plan below is written for the Llama layout
 (model.embed_tokens, model.layers[i].self_attn.{q,k,v,o}_proj, .mlp.{gate,up,down}_proj,
-model.norm, lm_head), GPT-2's (Conv1D, fused q/k/v) in gpt2_tp.py. Pipeline stages run the
+model.norm, lm_head), GPT-2's (Conv1D, fused q/k/v) in its folder, gpt2/. Pipeline stages run the
 family's own entry (Llama: embedding and rotary positions; GPT-2: token plus learned position
 embeddings) before their decoder layers. A tied lm_head lives on the first and the last stage at
 once: parallel/pipeline.py sums the two copies' gradients so that they stay one weight.
@@ -27,7 +27,7 @@ from torch import nn
 
 from paratrain.errors import UserError
 from paratrain.models.causal_lm.build import decoder_layers
-from paratrain.models.causal_lm.family import decoder_of, family_of
+from paratrain.models.causal_lm.family import decoder_of, family_of, family_parts
 from paratrain.models.causal_lm.tp_styles import adapter_plan, block_io, ends_plan  # noqa: F401
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -78,7 +78,7 @@ def check_positions(config: Any, max_length: int) -> None:
     end."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     limit = get("max_position_embeddings")  # GPT2Config's attribute_map: n_positions
-    if get("model_type") == "gpt2" and limit and max_length > limit:
+    if family_of(config).learned_positions and limit and max_length > limit:
         raise UserError(
             f"data.max_length: {max_length} exceeds the model's {limit} positions (GPT-2 learns "
             f"one embedding per position); use data.max_length={limit} or less"
@@ -162,10 +162,8 @@ class CausalLMSpec:
 
         base = base_model(model)
         family = family_of(base)
-        if family.family == "gpt2":  # Conv1D projections, fused q/k/v: gpt2_tp.py
-            from paratrain.models.causal_lm.gpt2_tp import gpt2_tp_plan
-
-            plan = gpt2_tp_plan(
+        if family.parts:  # a family with its own plan (GPT-2: Conv1D, fused q/k/v)
+            plan = family_parts(family).tp_plan(
                 base, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
             )
             return _prefixed(model, base, plan)
@@ -265,7 +263,7 @@ def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict
     # With sequence parallelism each rank holds 1/tp of the sequence between layers.
     shards = options.get("sequence_shards", 1)
 
-    def llama(x):
+    def llama(x):  # Llama's layout: rotary positions computed on each stage
         h = decoder.embed_tokens(x) if first else x
         length = x.shape[1] if first else h.shape[1] * shards
         positions = torch.arange(length, device=h.device).unsqueeze(0)
@@ -275,16 +273,8 @@ def _stage_forward(base: nn.Module, keep, first: bool, last: bool, options: dict
             h = out[0] if isinstance(out, tuple) else out  # older transformers: a tuple
         return h
 
-    def gpt2(x):  # learned positions, added to the token embeddings on the first stage
-        if first:
-            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-            x = decoder.drop(decoder.wte(x) + decoder.wpe(positions))
-        for layer in layers:
-            out = layer(x)
-            x = out[0] if isinstance(out, tuple) else out
-        return x
-
-    body = gpt2 if family.family == "gpt2" else llama
+    parts = family_parts(family)
+    body = parts.stage_body(decoder, layers, first, options) if parts else llama
 
     def run(x):
         h = body(x)

@@ -1,5 +1,5 @@
 """Pieces of a tensor-parallel plan that every causal-LM family's plan shares (Llama's in
-spec.py, GPT-2's in gpt2_tp.py): the embedding / lm_head / final-norm ends, the attention and
+spec.py, GPT-2's in gpt2/tp.py): the embedding / lm_head / final-norm ends, the attention and
 MLP blocks' inputs under sequence parallelism, LoRA adapters split like their base layer."""
 
 from __future__ import annotations
