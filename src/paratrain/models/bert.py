@@ -117,7 +117,7 @@ class BertSpec:
             "stages and the split have no plan for encoders yet"
         )
 
-    pipeline_units = make_stage = split_units = tp_plan = _refuse
+    pipeline_units = make_stage = make_stages = split_units = tp_plan = _refuse
 
     def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> float:
         """Training FLOPs per token (FLOPS_FORMULA): 6N (PaLM, App. B) plus attention's score and

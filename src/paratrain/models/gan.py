@@ -88,7 +88,7 @@ class GanSpec:
             "its own); tensor, pipeline and split parallelism are for large models"
         )
 
-    pipeline_units = make_stage = split_units = tp_plan = _refuse
+    pipeline_units = make_stage = make_stages = split_units = tp_plan = _refuse
 
     def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> None:
         return None

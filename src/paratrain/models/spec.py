@@ -8,7 +8,9 @@ the model's family for
   checkpointing recomputes, what regional compilation compiles one by one;
 - pipeline_units(model) and make_stage(model, keep, stage, stages): the model as a chain of units
   in forward order, and this rank's stage of it (the other units replaced by parameterless
-  nn.Identity so parameter names stay the whole model's);
+  nn.Identity so parameter names stay the whole model's); make_stages(model, local, stages):
+  several stages on one rank for an interleaved schedule, each a module sharing the model's
+  units (or a one-line refusal where the family has none);
 - split_units(model): the chain again, for the one-process layer split;
 - tp_plan(model, ...): {module path: ParallelStyle} for torch.distributed.tensor.parallel, or a
   one-line refusal for families that have none;

@@ -183,6 +183,11 @@ class VisionSpec:
     def make_stage(self, model, keep, stage, stages, **options):
         return make_stage(model, keep, stage, stages, channels_last=options.get("channels_last"))
 
+    def make_stages(self, model, local, stages, **options):
+        raise UserError(
+            "pipeline.schedule: an image model holds one stage a rank; use gpipe or 1f1b"
+        )
+
     def split_units(self, model: nn.Module) -> list[nn.Module]:
         units: list[nn.Module] = []
         for attr, item in blocks_of(model):

@@ -240,46 +240,66 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     return {"val_loss": mean, "val_perplexity": float(torch.exp(torch.tensor(min(mean, 50.0))))}
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, layout = ctx.cfg, ctx.layout
-    d, pp = cfg.data, layout.pp
-    model, tokenizer = build_model(ctx)
-    train_rows, val_rows = token_rows(ctx, tokenizer, model.config.vocab_size)
-    train, val, sampler = loaders(ctx, tokenizer, train_rows, val_rows)
-    spec = CausalLMSpec()
-    seq_len = (
-        d.max_length
-        if d.packing or d.source == "synthetic-text" or pp > 1
-        else max(len(r[0]) for r in train_rows)
-    )
+class CausalLM:
+    """One rank's causal-LM run: its model (kernels, float8, LoRA, the loss wrapper), its token
+    rows as loaders, and what the trainer calls (loss, evaluate, finish), built once by
+    `build` (the tasks' one shape, as gan.py's Gan)."""
 
-    def finish(model, out_dir: Path) -> dict[str, str]:
+    def __init__(self, ctx: BuildContext):
+        self.ctx, self.cfg = ctx, ctx.cfg
+        self.model, self.tokenizer = build_model(ctx)
+        self.train_rows, self.val_rows = token_rows(
+            ctx, self.tokenizer, self.model.config.vocab_size
+        )
+        self.train, self.val, self.sampler = loaders(
+            ctx, self.tokenizer, self.train_rows, self.val_rows
+        )
+        self.evaluate = evaluator(ctx)
+
+    def loss(self, model, batch):
+        return loss(model, batch)  # the module's: the bench's peers share it
+
+    def finish(self, model, out_dir: Path) -> dict[str, str]:
+        """The LoRA adapter (and the merged model where asked) beside the run's files."""
         from paratrain.models.causal_lm.saving import save_adapter
 
         return save_adapter(
             model,
             out_dir,
-            tokenizer,
-            merged=cfg.lora.save_merged,
-            is_main=ctx.is_main,
-            pipelined=pp > 1,
+            self.tokenizer,
+            merged=self.cfg.lora.save_merged,
+            is_main=self.ctx.is_main,
+            pipelined=self.ctx.layout.pp > 1,
         )
 
-    return Workload(
-        model=model,
-        spec=spec,
-        train=train,
-        val=val,
-        sampler=sampler,
-        loss=loss,
-        evaluate=evaluator(ctx),
-        pipeline=PIPELINE,
-        flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
-        finish=finish if cfg.lora.enabled else None,
-        compile_units=compile_units(model, spec, cfg.train.compile_scope, layout.tp_enabled),
-        info=facts(ctx, model, train_rows),
-        rows={"train": len(train_rows), "val": len(val_rows)},
-    )
+    def workload(self) -> Workload:
+        cfg, layout, model = self.cfg, self.ctx.layout, self.model
+        d = cfg.data
+        spec = CausalLMSpec()
+        seq_len = (
+            d.max_length
+            if d.packing or d.source == "synthetic-text" or layout.pp > 1
+            else max(len(r[0]) for r in self.train_rows)
+        )
+        return Workload(
+            model=model,
+            spec=spec,
+            train=self.train,
+            val=self.val,
+            sampler=self.sampler,
+            loss=self.loss,
+            evaluate=self.evaluate,
+            pipeline=PIPELINE,
+            flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
+            finish=self.finish if cfg.lora.enabled else None,
+            compile_units=compile_units(model, spec, cfg.train.compile_scope, layout.tp_enabled),
+            info=facts(self.ctx, model, self.train_rows),
+            rows={"train": len(self.train_rows), "val": len(self.val_rows)},
+        )
+
+
+def build(ctx: BuildContext) -> Workload:
+    return CausalLM(ctx).workload()
 
 
 def build_model(ctx: BuildContext):

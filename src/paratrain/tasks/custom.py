@@ -84,7 +84,7 @@ class CustomSpec:
             "tensor parallelism, pipeline stages and the split need a model paratrain knows"
         )
 
-    pipeline_units = make_stage = split_units = tp_plan = _refuse
+    pipeline_units = make_stage = make_stages = split_units = tp_plan = _refuse
 
     def flops_per_token(self, model: nn.Module, seq_len: int, lora: bool) -> None:
         return None
@@ -118,53 +118,58 @@ def _moved(value: Any, device: torch.device, dtype: torch.dtype, non_blocking: b
     return value
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
-    got = objects()
-    model: nn.Module = got["model"]
-    train_set, val_set = got["train_data"], got.get("val_data")
-    loss_fn = got.get("loss") or F.cross_entropy
-    d = cfg.data
-    if len(train_set) < ctx.loader_batch * ctx.dp_size:
-        raise UserError(
-            f"data.batch_size: {len(train_set)} training samples are fewer than one batch on "
-            f"every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
-        )
-    model = model.to(device=device, dtype=policy.param_dtype)
-    pin = d.pin_memory and device.type == "cuda"
-    train, val, sampler = rank_loaders(
-        train_set,
-        val_set,
-        d,
-        sampler=ctx.layout.sampler,
-        rank=ctx.dp_rank,
-        world=ctx.dp_size,
-        seed=cfg.seed,
-        loader_batch=ctx.loader_batch,
-        even_val=ctx.even_val,  # under FSDP every forward is a collective
-        num_workers=loader_workers(d.num_workers),
-        pin_memory=pin,
-    )
+class Custom:
+    """One rank's run of the user's objects: their model, data sets and loss, and what the
+    trainer calls (loss, evaluate), built once by `build` (the tasks' one shape, as gan.py's)."""
 
-    def on_device(loader):
-        return OnDevice(
-            loader, lambda batch: _moved(batch, device, policy.param_dtype, d.non_blocking)
+    def __init__(self, ctx: BuildContext):
+        cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
+        got = objects()
+        self.train_set, val_set = got["train_data"], got.get("val_data")
+        self.loss_fn = got.get("loss") or F.cross_entropy
+        self.policy, self.device = policy, device
+        d = cfg.data
+        self.non_blocking = d.non_blocking
+        if len(self.train_set) < ctx.loader_batch * ctx.dp_size:
+            raise UserError(
+                f"data.batch_size: {len(self.train_set)} training samples are fewer than one "
+                f"batch on every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
+            )
+        self.model: nn.Module = got["model"].to(device=device, dtype=policy.param_dtype)
+        self.val_rows = len(val_set) if val_set is not None else 0
+        self.train, self.val, self.sampler = rank_loaders(
+            self.train_set,
+            val_set,
+            d,
+            sampler=ctx.layout.sampler,
+            rank=ctx.dp_rank,
+            world=ctx.dp_size,
+            seed=cfg.seed,
+            loader_batch=ctx.loader_batch,
+            even_val=ctx.even_val,  # under FSDP every forward is a collective
+            num_workers=loader_workers(d.num_workers),
+            pin_memory=d.pin_memory and device.type == "cuda",
         )
 
-    def loss(model, batch):
+    def on_device(self, loader):
+        device, dtype, non_blocking = self.device, self.policy.param_dtype, self.non_blocking
+        return OnDevice(loader, lambda batch: _moved(batch, device, dtype, non_blocking))
+
+    def loss(self, model, batch):
         x, y = batch
-        return loss_fn(model(x), y), None
+        return self.loss_fn(model(x), y), None
 
     @torch.no_grad()
-    def evaluate(model, loader) -> dict[str, float]:
+    def evaluate(self, model, loader) -> dict[str, float]:
         """Mean held-out loss (and accuracy for class scores), summed over ranks."""
         model.eval()
+        device, loss_fn = self.device, self.loss_fn
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         correct = torch.zeros((), device=device, dtype=torch.float64)
         count, classified = 0, True
         for x, y in loader:
             n = y.shape[0] if isinstance(y, torch.Tensor) else len(x)
-            with policy.autocast():
+            with self.policy.autocast():
                 out = model(x)
                 loss_sum += loss_fn(out, y).double() * n
             count += n
@@ -184,23 +189,29 @@ def build(ctx: BuildContext) -> Workload:
             out["val_accuracy"] = c / n
         return out
 
-    return Workload(
-        model=model,
-        spec=CustomSpec(),
-        train=on_device(train),
-        val=on_device(val) if val is not None else None,
-        sampler=sampler,
-        loss=loss,
-        evaluate=evaluate,
-        info={
-            "data_real": True,
-            "model_class": type(model).__name__,
-            "train_samples": len(train_set),
-            "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
-        },
-        rows={"train": len(train_set), "val": len(val_set) if val_set is not None else 0},
-        known_loss=getattr(loss_fn, "__module__", "").startswith("torch"),
-    )
+    def workload(self) -> Workload:
+        loss_fn = self.loss_fn
+        return Workload(
+            model=self.model,
+            spec=CustomSpec(),
+            train=self.on_device(self.train),
+            val=self.on_device(self.val) if self.val is not None else None,
+            sampler=self.sampler,
+            loss=self.loss,
+            evaluate=self.evaluate,
+            info={
+                "data_real": True,
+                "model_class": type(self.model).__name__,
+                "train_samples": len(self.train_set),
+                "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
+            },
+            rows={"train": len(self.train_set), "val": self.val_rows},
+            known_loss=getattr(loss_fn, "__module__", "").startswith("torch"),
+        )
+
+
+def build(ctx: BuildContext) -> Workload:
+    return Custom(ctx).workload()
 
 
 TASK = Task(

@@ -238,6 +238,23 @@ class Gan:
             else None,
         }
 
+    def workload(self) -> Workload:
+        data, cfg = self.data, self.cfg
+        return Workload(
+            model=self.model,
+            spec=GanSpec(),
+            train=self.loader(data.train, cfg.data.prefetch_to_device),
+            val=self.loader(data.val, False) if data.val is not None else None,
+            sampler=data.sampler,
+            loss=_no_single_loss,
+            evaluate=self.evaluate,
+            parts={"generator": self.model.generator, "discriminator": self.model.discriminator},
+            step=self.step,
+            finish=self.finish,
+            info=self.info(),
+            rows=data.rows(),
+        )
+
 
 def _backward(loss: torch.Tensor, scaler) -> None:
     (scaler.scale(loss) if scaler else loss).backward()
@@ -255,22 +272,7 @@ def _skip(loss: torch.Tensor, opt_d, opt_g) -> tuple[torch.Tensor, None, bool]:
 
 
 def build(ctx: BuildContext) -> Workload:
-    gan = Gan(ctx)
-    data, cfg = gan.data, ctx.cfg
-    return Workload(
-        model=gan.model,
-        spec=GanSpec(),
-        train=gan.loader(data.train, cfg.data.prefetch_to_device),
-        val=gan.loader(data.val, False) if data.val is not None else None,
-        sampler=data.sampler,
-        loss=_no_single_loss,
-        evaluate=gan.evaluate,
-        parts={"generator": gan.model.generator, "discriminator": gan.model.discriminator},
-        step=gan.step,
-        finish=gan.finish,
-        info=gan.info(),
-        rows=data.rows(),
-    )
+    return Gan(ctx).workload()
 
 
 TASK = Task(

@@ -245,56 +245,69 @@ def build_images(ctx: BuildContext):
     )
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
-    data = build_images(ctx)
-    model = build_model(cfg.model, data.source.num_classes, data.source.channels)
-    model = model.to(device=device, dtype=policy.param_dtype)
-    if cfg.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+class ImageClassification:
+    """One rank's image classifier: its model, its images as device loaders, and what the
+    trainer calls (loss, evaluate), built once by `build` (the tasks' one shape, as gan.py's)."""
 
-    def device_loader(loader, prefetch: bool) -> DeviceLoader:
-        return image_loader(cfg, data, loader, device, policy, prefetch)
+    def __init__(self, ctx: BuildContext):
+        cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
+        self.cfg, self.policy, self.device = cfg, policy, device
+        self.data = build_images(ctx)
+        source = self.data.source
+        model = build_model(cfg.model, source.num_classes, source.channels)
+        model = model.to(device=device, dtype=policy.param_dtype)
+        if cfg.train.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
 
-    def loss(model, batch):
+    def device_loader(self, loader, prefetch: bool) -> DeviceLoader:
+        return image_loader(self.cfg, self.data, loader, self.device, self.policy, prefetch)
+
+    def loss(self, model, batch):
         x, y = batch
         logits = model(x)
         return F.cross_entropy(logits, y.to(logits.device)), None  # strategy=split: on its GPU
 
     @torch.no_grad()
-    def evaluate(model, loader) -> dict[str, float]:
+    def evaluate(self, model, loader) -> dict[str, float]:
         """Held-out accuracy; each rank scores its shard, the counts are summed over ranks."""
         model.eval()
         sums = {"correct": 0.0, "total": 0.0}
         for x, y in loader:
-            with policy.autocast():
+            with self.policy.autocast():
                 for key, value in score(model(x), y).items():
                     sums[key] += value
-        totals = pg.all_reduce_sum([float(sums["correct"]), sums["total"]], device)
+        totals = pg.all_reduce_sum([float(sums["correct"]), sums["total"]], self.device)
         return summarize(dict(zip(("correct", "total"), totals, strict=True)))
 
-    return Workload(
-        model=model,
-        spec=VisionSpec(),
-        train=device_loader(data.train, cfg.data.prefetch_to_device),
-        val=device_loader(data.val, False) if data.val is not None else None,
-        sampler=data.sampler,
-        loss=loss,
-        evaluate=evaluate,
-        pipeline=PipelineHooks(
-            split=lambda batch: (batch[0], batch[1], len(batch[1])),
-            loss_sum=loss_sum,
-            score=score,
-            summarize=summarize,
-            score_keys=("correct", "total"),
-        ),
-        info={
-            "data_real": data.source.real,
-            "pin_memory": data.train.pin_memory,
-            "num_classes": data.source.num_classes,
-        },
-        rows=data.rows(),
-    )
+    def workload(self) -> Workload:
+        data = self.data
+        return Workload(
+            model=self.model,
+            spec=VisionSpec(),
+            train=self.device_loader(data.train, self.cfg.data.prefetch_to_device),
+            val=self.device_loader(data.val, False) if data.val is not None else None,
+            sampler=data.sampler,
+            loss=self.loss,
+            evaluate=self.evaluate,
+            pipeline=PipelineHooks(
+                split=lambda batch: (batch[0], batch[1], len(batch[1])),
+                loss_sum=loss_sum,
+                score=score,
+                summarize=summarize,
+                score_keys=("correct", "total"),
+            ),
+            info={
+                "data_real": data.source.real,
+                "pin_memory": data.train.pin_memory,
+                "num_classes": data.source.num_classes,
+            },
+            rows=data.rows(),
+        )
+
+
+def build(ctx: BuildContext) -> Workload:
+    return ImageClassification(ctx).workload()
 
 
 TASK = Task(

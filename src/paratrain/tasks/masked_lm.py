@@ -77,74 +77,83 @@ def summarize(loss_sum: float, correct: float, tokens: float) -> dict[str, float
     }
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
-    d, m = cfg.data, cfg.model
-    tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
-    model = build_bert(
-        path=m.path,
-        init=m.init,
-        shape=m.shape,
-        attn=m.attn_implementation,
-        dtype=policy.param_dtype,
-        device=device,
-        layers=m.layers,
-    )
-    vocab = model.config.vocab_size
-    if len(tokenizer) > vocab:
-        raise UserError(
-            f"model.shape: the tokenizer has {len(tokenizer)} ids, the model {vocab} embeddings"
-        )
-    all_rows = rows(cfg, tokenizer)
-    n_val = int(len(all_rows) * d.val_fraction) if d.source != "synthetic-text" else 0
-    # every 1/val_fraction-th row held out: pieces of one document sit together
-    step = max(1, round(1 / d.val_fraction)) if n_val else 0
-    val_rows = all_rows[::step][:n_val] if n_val else []
-    held = set(range(0, len(all_rows), step)[:n_val]) if n_val else set()
-    train_rows = [r for i, r in enumerate(all_rows) if i not in held]
-    if len(train_rows) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
-        raise UserError(
-            f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
-        )
-    pin = d.pin_memory and device.type == "cuda"
-    specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
-    mask = dict(seed=cfg.seed, mask_id=tokenizer.mask_token_id, vocab_size=len(tokenizer))
-    # the epoch the training rows are masked for: shared memory, so that loader workers (which
-    # mask, off the training process) read what the training process sets before each epoch
-    epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-    train, val, sampler = rank_loaders(
-        MaskedRows(train_rows, specials, epoch=epoch, **mask),
-        MaskedRows(val_rows, specials, epoch=torch.tensor(VAL_EPOCH), **mask) if val_rows else None,
-        d,
-        sampler=ctx.layout.sampler,
-        rank=ctx.dp_rank,
-        world=ctx.dp_size,
-        seed=cfg.seed,
-        loader_batch=ctx.loader_batch,
-        even_val=True,  # under FSDP every forward is a collective: the same count everywhere
-        collate_fn=MaskedCollate(tokenizer.pad_token_id),
-        num_workers=loader_workers(d.num_workers),
-        pin_memory=pin,
-    )
+class MaskedLM:
+    """One rank's masked-LM run: its BERT, its rows masked in the loader workers, and what the
+    trainer calls (loss, evaluate), built once by `build` (the tasks' one shape, as gan.py's)."""
 
-    def on_device(batch) -> dict:
-        return {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()}
+    def __init__(self, ctx: BuildContext):
+        cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
+        d, m = cfg.data, cfg.model
+        self.policy, self.device, self.non_blocking = policy, device, d.non_blocking
+        self.data, self.model_cfg = d, m
+        tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
+        self.model = build_bert(
+            path=m.path,
+            init=m.init,
+            shape=m.shape,
+            attn=m.attn_implementation,
+            dtype=policy.param_dtype,
+            device=device,
+            layers=m.layers,
+        )
+        vocab = self.model.config.vocab_size
+        if len(tokenizer) > vocab:
+            raise UserError(
+                f"model.shape: the tokenizer has {len(tokenizer)} ids, the model {vocab} embeddings"
+            )
+        all_rows = rows(cfg, tokenizer)
+        n_val = int(len(all_rows) * d.val_fraction) if d.source != "synthetic-text" else 0
+        # every 1/val_fraction-th row held out: pieces of one document sit together
+        step = max(1, round(1 / d.val_fraction)) if n_val else 0
+        self.val_rows = all_rows[::step][:n_val] if n_val else []
+        held = set(range(0, len(all_rows), step)[:n_val]) if n_val else set()
+        self.train_rows = [r for i, r in enumerate(all_rows) if i not in held]
+        if len(self.train_rows) < ctx.loader_batch * (
+            ctx.dp_size if ctx.layout.sampler != "full" else 1
+        ):
+            raise UserError(
+                f"data.batch_size: {len(self.train_rows)} training rows are fewer than one batch "
+                f"on every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
+            )
+        specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        mask = dict(seed=cfg.seed, mask_id=tokenizer.mask_token_id, vocab_size=len(tokenizer))
+        # the epoch the training rows are masked for: shared memory, so that loader workers
+        # (which mask, off the training process) read what the training process sets before
+        # each epoch
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        val = MaskedRows(self.val_rows, specials, epoch=torch.tensor(VAL_EPOCH), **mask)
+        self.train, self.val, self.sampler = rank_loaders(
+            MaskedRows(self.train_rows, specials, epoch=self.epoch, **mask),
+            val if self.val_rows else None,
+            d,
+            sampler=ctx.layout.sampler,
+            rank=ctx.dp_rank,
+            world=ctx.dp_size,
+            seed=cfg.seed,
+            loader_batch=ctx.loader_batch,
+            even_val=True,  # under FSDP every forward is a collective: the same count everywhere
+            collate_fn=MaskedCollate(tokenizer.pad_token_id),
+            num_workers=loader_workers(d.num_workers),
+            pin_memory=d.pin_memory and device.type == "cuda",
+        )
 
-    def loss(model, batch):
+    def on_device(self, batch) -> dict:
+        return {k: v.to(self.device, non_blocking=self.non_blocking) for k, v in batch.items()}
+
+    def loss(self, model, batch):
         # tokens: every real token runs through the model (what MFU counts), not only the
         # 15% the loss is taken on
         out = model(**batch)
         return out.loss, batch["attention_mask"].sum()
 
     @torch.no_grad()
-    def evaluate(model, loader) -> dict[str, float]:
+    def evaluate(self, model, loader) -> dict[str, float]:
         """Held-out loss, accuracy and perplexity over the masked tokens, summed over ranks."""
         model.eval()
-        sums = torch.zeros(3, device=device, dtype=torch.float64)
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
         for batch in loader:
             labels = batch.pop("labels")
-            with policy.autocast():
+            with self.policy.autocast():
                 logits = model(**batch).logits.float()
             picked = labels != IGNORE
             sums[0] += torch.nn.functional.cross_entropy(
@@ -152,29 +161,35 @@ def build(ctx: BuildContext) -> Workload:
             ).double()
             sums[1] += (logits[picked].argmax(-1) == labels[picked]).sum()
             sums[2] += picked.sum()
-        return summarize(*pg.all_reduce_sum(sums.tolist(), device))
+        return summarize(*pg.all_reduce_sum(sums.tolist(), self.device))
 
-    seq_len = max(len(r) for r in train_rows)
-    spec = BertSpec()
-    return Workload(
-        model=model,
-        spec=spec,
-        train=OnDevice(EpochFed(train, sampler, epoch), on_device),
-        val=OnDevice(val, on_device) if val is not None else None,
-        sampler=sampler,
-        loss=loss,
-        evaluate=evaluate,
-        flops_per_token=spec.flops_per_token(model, seq_len, False),
-        compile_units=spec.blocks(model),
-        info={
-            "data_real": d.source != "synthetic-text",
-            "random_init": m.init == "random",
-            "train_rows": len(train_rows),
-            "val_rows": len(val_rows),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        rows={"train": len(train_rows), "val": len(val_rows)},
-    )
+    def workload(self) -> Workload:
+        model, d, m = self.model, self.data, self.model_cfg
+        seq_len = max(len(r) for r in self.train_rows)
+        spec = BertSpec()
+        return Workload(
+            model=model,
+            spec=spec,
+            train=OnDevice(EpochFed(self.train, self.sampler, self.epoch), self.on_device),
+            val=OnDevice(self.val, self.on_device) if self.val is not None else None,
+            sampler=self.sampler,
+            loss=self.loss,
+            evaluate=self.evaluate,
+            flops_per_token=spec.flops_per_token(model, seq_len, False),
+            compile_units=spec.blocks(model),
+            info={
+                "data_real": d.source != "synthetic-text",
+                "random_init": m.init == "random",
+                "train_rows": len(self.train_rows),
+                "val_rows": len(self.val_rows),
+                "parameters": sum(p.numel() for p in model.parameters()),
+            },
+            rows={"train": len(self.train_rows), "val": len(self.val_rows)},
+        )
+
+
+def build(ctx: BuildContext) -> Workload:
+    return MaskedLM(ctx).workload()
 
 
 class MaskedRows(torch.utils.data.Dataset):

@@ -44,97 +44,109 @@ def labelled(cfg) -> tuple[list[str], list[int], list[str]]:
     return enc.read_labelled(cfg.data.path)
 
 
-def build(ctx: BuildContext) -> Workload:
-    cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
-    d, m = cfg.data, cfg.model
-    tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
-    texts, labels, names = labelled(cfg)
-    model = build_bert(
-        path=m.path,
-        init=m.init,
-        shape=m.shape,
-        attn=m.attn_implementation,
-        dtype=policy.param_dtype,
-        device=device,
-        layers=m.layers,
-        num_labels=len(names),
-    )
-    ids = enc.encode(texts, tokenizer, d.max_length)
-    train_at, val_at = enc.held_out_split(len(ids), d.val_fraction)
-    if d.limit_samples is not None:
-        train_at = train_at[: d.limit_samples]
-    if len(train_at) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
-        raise UserError(
-            f"data.batch_size: {len(train_at)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
+class TextClassification:
+    """One rank's classifier: its model, its labelled rows as loaders, and what the trainer
+    calls (loss, evaluate), built once by `build` (the tasks' one shape, as gan.py's Gan)."""
+
+    def __init__(self, ctx: BuildContext):
+        cfg, policy, device = ctx.cfg, ctx.policy, ctx.device
+        d, m = cfg.data, cfg.model
+        self.policy, self.device, self.non_blocking = policy, device, d.non_blocking
+        tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
+        texts, labels, names = labelled(cfg)
+        self.model = build_bert(
+            path=m.path,
+            init=m.init,
+            shape=m.shape,
+            attn=m.attn_implementation,
+            dtype=policy.param_dtype,
+            device=device,
+            layers=m.layers,
+            num_labels=len(names),
         )
+        ids = enc.encode(texts, tokenizer, d.max_length)
+        train_at, val_at = enc.held_out_split(len(ids), d.val_fraction)
+        if d.limit_samples is not None:
+            train_at = train_at[: d.limit_samples]
+        if len(train_at) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
+            raise UserError(
+                f"data.batch_size: {len(train_at)} training rows are fewer than one batch on "
+                f"every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
+            )
 
-    def rows(at):
-        return enc.Rows([ids[i] for i in at], [labels[i] for i in at])
+        def rows(at):
+            return enc.Rows([ids[i] for i in at], [labels[i] for i in at])
 
-    pin = d.pin_memory and device.type == "cuda"
-    train, val, sampler = rank_loaders(
-        rows(train_at),
-        rows(val_at) if val_at else None,
-        d,
-        sampler=ctx.layout.sampler,
-        rank=ctx.dp_rank,
-        world=ctx.dp_size,
-        seed=cfg.seed,
-        loader_batch=ctx.loader_batch,
-        even_val=ctx.even_val,  # under FSDP every forward is a collective
-        collate_fn=enc.Collate(tokenizer.pad_token_id),
-        num_workers=loader_workers(d.num_workers),
-        pin_memory=pin,
-    )
-
-    def on_device(loader):
-        return OnDevice(
-            loader,
-            lambda batch: {k: v.to(device, non_blocking=d.non_blocking) for k, v in batch.items()},
+        self.train, self.val, self.sampler = rank_loaders(
+            rows(train_at),
+            rows(val_at) if val_at else None,
+            d,
+            sampler=ctx.layout.sampler,
+            rank=ctx.dp_rank,
+            world=ctx.dp_size,
+            seed=cfg.seed,
+            loader_batch=ctx.loader_batch,
+            even_val=ctx.even_val,  # under FSDP every forward is a collective
+            collate_fn=enc.Collate(tokenizer.pad_token_id),
+            num_workers=loader_workers(d.num_workers),
+            pin_memory=d.pin_memory and device.type == "cuda",
         )
-
-    def loss(model, batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return F.cross_entropy(logits.float(), batch["tag"]), None
-
-    @torch.no_grad()
-    def evaluate(model, loader) -> dict[str, float]:
-        """Held-out mean loss and accuracy, summed over ranks."""
-        model.eval()
-        sums = torch.zeros(3, device=device, dtype=torch.float64)
-        for batch in loader:
-            with policy.autocast():
-                logits = model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                ).logits.float()
-            sums[0] += F.cross_entropy(logits, batch["tag"], reduction="sum").double()
-            sums[1] += (logits.argmax(-1) == batch["tag"]).sum()
-            sums[2] += len(batch["tag"])
-        loss_sum, correct, n = pg.all_reduce_sum(sums.tolist(), device)
-        return {"val_loss": loss_sum / max(n, 1), "val_accuracy": correct / max(n, 1)}
-
-    counts = torch.bincount(torch.tensor(labels), minlength=len(names)).tolist()
-    return Workload(
-        model=model,
-        spec=BertSpec(),
-        train=on_device(train),
-        val=on_device(val) if val is not None else None,
-        sampler=sampler,
-        loss=loss,
-        evaluate=evaluate,
-        compile_units=BertSpec().blocks(model),
-        info={
+        counts = torch.bincount(torch.tensor(labels), minlength=len(names)).tolist()
+        self.info = {
             "data_real": True,
             "random_init": m.init == "random",
             "num_classes": len(names),
             "classes": dict(zip(names, counts, strict=True)),
             "train_rows": len(train_at),
             "val_rows": len(val_at),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        rows={"train": len(train_at), "val": len(val_at)},
-    )
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+        }
+        self.rows = {"train": len(train_at), "val": len(val_at)}
+
+    def on_device(self, loader):
+        device, non_blocking = self.device, self.non_blocking
+        return OnDevice(
+            loader,
+            lambda batch: {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()},
+        )
+
+    def loss(self, model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return F.cross_entropy(logits.float(), batch["tag"]), None
+
+    @torch.no_grad()
+    def evaluate(self, model, loader) -> dict[str, float]:
+        """Held-out mean loss and accuracy, summed over ranks."""
+        model.eval()
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        for batch in loader:
+            with self.policy.autocast():
+                logits = model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits.float()
+            sums[0] += F.cross_entropy(logits, batch["tag"], reduction="sum").double()
+            sums[1] += (logits.argmax(-1) == batch["tag"]).sum()
+            sums[2] += len(batch["tag"])
+        loss_sum, correct, n = pg.all_reduce_sum(sums.tolist(), self.device)
+        return {"val_loss": loss_sum / max(n, 1), "val_accuracy": correct / max(n, 1)}
+
+    def workload(self) -> Workload:
+        return Workload(
+            model=self.model,
+            spec=BertSpec(),
+            train=self.on_device(self.train),
+            val=self.on_device(self.val) if self.val is not None else None,
+            sampler=self.sampler,
+            loss=self.loss,
+            evaluate=self.evaluate,
+            compile_units=BertSpec().blocks(self.model),
+            info=self.info,
+            rows=self.rows,
+        )
+
+
+def build(ctx: BuildContext) -> Workload:
+    return TextClassification(ctx).workload()
 
 
 TASK = Task(

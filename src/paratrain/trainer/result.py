@@ -7,6 +7,8 @@ batch). MFU = model FLOPs per token x tokens/s / GPUs / the GPU's dense peak.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,8 +45,78 @@ def step_windows(
     return [sum(steps[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a result says of the run beyond its measured window: the plan's summary and the
+    counts taken once from the trained objects at the end (facts_of). `build` reads nothing
+    else of the run."""
+
+    cfg: Any
+    """The run's config as planned (RunPlan.config)."""
+    task: str
+    label: str
+    strategy_doc: str
+    task_fp8: bool
+    unread: tuple
+    sources: dict
+    """The plan's model and data sources (RunPlan.to_dict()'s)."""
+    device: torch.device
+    world_size: int
+    backend: str
+    parallel: dict
+    """dims.describe() with the mesh's label, the data-parallel wrapper and a split's devices."""
+    copies: int
+    """How many ranks counted each token: a tp group's, a pipeline's stages, ddp-full's replicas."""
+    redundant: bool
+    split: dict | None
+    out_dir: Path
+    workload_info: dict
+    flops_per_token: float | None
+    flops_formula: str | None
+    trainable_parameters: int
+    model_state: dict
+    loss_scale: float | None
+    communication: dict | None
+
+
+def facts_of(built, k: int, steps: int) -> RunFacts:
+    """The run's facts for its result, read once (built: trainer.built.Built; k: micro-batches
+    a step; steps: the optimizer steps this run took)."""
+    plan, dims, work, env = built.plan, built.dims, built.work, built.env
+    sources = plan.to_dict()
+    return RunFacts(
+        cfg=built.cfg,
+        task=plan.task,
+        label=plan.label,
+        strategy_doc=plan.strategy_doc,
+        task_fp8=plan.task_spec.fp8,
+        unread=tuple(plan.task_spec.unread),
+        sources={"model": sources["model"], "data": sources["data"]},
+        device=env.device,
+        world_size=env.world_size,
+        backend=env.backend,
+        parallel={
+            **dims.describe(),
+            "label": dims.label(),
+            "data_parallel": built.wrapper,
+            "split": built.split,
+        },
+        copies=dims.tp * dims.pp * (dims.dp_size if built.redundant else 1),
+        redundant=built.redundant,
+        split=built.split,
+        out_dir=built.out_dir,
+        workload_info=work.info,
+        flops_per_token=work.flops_per_token,
+        flops_formula=getattr(work.spec, "flops_formula", None),
+        trainable_parameters=sum(p.numel() for p in built.params),
+        model_state=model_state(built, k),
+        loss_scale=built.scaler.get_scale() if built.scaler is not None else None,
+        communication=communication(built, steps),
+    )
+
+
 def build(
-    built,
+    facts: RunFacts,
     schedule,
     state,
     *,
@@ -63,13 +135,11 @@ def build(
     checkpoints: dict | None = None,
     step_times: list[float] | None = None,
 ) -> dict[str, Any]:
-    """built: trainer.built.Built; schedule: its Schedule; state: the loop's, at the end."""
-    cfg, env, dims, work = built.cfg, built.env, built.dims, built.work
-    task = built.plan.task_spec
-    device = env.device
+    """facts: the run's (facts_of); schedule: its Schedule; state: the loop's, at the end."""
+    cfg, device, world_size = facts.cfg, facts.device, facts.world_size
     # GPUs the run used: one per process, or all that a split spans
-    gpus = len(built.split["devices"]) if built.split and device.type == "cuda" else env.world_size
-    peak, peak_kind = metrics.peak_memory_bytes(device, built.split)
+    gpus = len(facts.split["devices"]) if facts.split and device.type == "cuda" else world_size
+    peak, peak_kind = metrics.peak_memory_bytes(device, facts.split)
     peak = int(pg.all_reduce_max(float(peak), device))
     measured_steps, measured_s, warmup_excluded, first_tokens = window
     measured_s = max(measured_s, 1e-9)
@@ -102,13 +172,13 @@ def build(
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
-        "trainable_parameters": sum(p.numel() for p in built.params),
-        "model_state": model_state(built, schedule.k),  # `paratrain plan`'s calibration reads it
-        "loss_scale": built.scaler.get_scale() if built.scaler is not None else None,
+        "trainable_parameters": facts.trainable_parameters,
+        "model_state": facts.model_state,  # `paratrain plan`'s calibration reads it
+        "loss_scale": facts.loss_scale,
         "gpu_telemetry": telemetry if any(telemetry) else None,  # per rank
         # what this rank handed to the gradient / parameter collectives (parallel/sync.py);
         # None where not counted (one process, FSDP, PowerSGD)
-        "communication": communication(built, state.step - start_step),
+        "communication": facts.communication,
         "profile": profile,  # rank 0's top operators per step, when profiled
         "profile_phases": phases,  # rank 0's step by phase (profiling.phase_times)
     }
@@ -118,13 +188,13 @@ def build(
     ]
     if accuracies:  # the best epoch beside the last
         summary["best_val_accuracy"], summary["best_epoch"] = max(accuracies)
-    if counts_tokens(built.plan.task):
+    if counts_tokens(facts.task):
         (all_tokens,) = pg.all_reduce_sum([float(tokens.item() - first_tokens)], device)
-        summary.update(token_rates(built, all_tokens, measured_steps, measured_s, gpus))
+        summary.update(token_rates(facts, all_tokens, measured_steps, measured_s, gpus))
     summary["energy"] = energy(
         joules,
         telemetry,
-        env.world_size,
+        world_size,
         gpus=gpus,
         seconds=measured_s,
         samples=schedule.unique_per_step * measured_steps,
@@ -134,67 +204,61 @@ def build(
     return {
         "paratrain": {"version": _version(), "commit": metrics.git_commit()},
         "name": cfg.name,
-        "task": built.plan.task,
-        "strategy": built.plan.label,
-        "strategy_doc": built.plan.strategy_doc,
-        "parallel": {
-            **dims.describe(),
-            "label": dims.label(),
-            "data_parallel": built.wrapper,
-            "split": built.split,
-        },
-        "redundant_data": built.redundant,
+        "task": facts.task,
+        "strategy": facts.label,
+        "strategy_doc": facts.strategy_doc,
+        "parallel": facts.parallel,
+        "redundant_data": facts.redundant,
         "precision": cfg.precision,
         # the linear layers' float8 recipe (model.fp8), when they compute in float8
-        "fp8": cfg.model.fp8 if task.fp8 and cfg.model.fp8 != "none" else None,
-        "fp8_lm_head": task.fp8 and cfg.model.fp8_lm_head,
-        "world_size": env.world_size,
+        "fp8": cfg.model.fp8 if facts.task_fp8 and cfg.model.fp8 != "none" else None,
+        "fp8_lm_head": facts.task_fp8 and cfg.model.fp8_lm_head,
+        "world_size": world_size,
         "cpu_threads": torch.get_num_threads(),  # per process
         "dp_gpus": schedule.loader_batch // cfg.data.batch_size,
-        "backend": env.backend,
-        "data_real": work.info.get("data_real", True),
+        "backend": facts.backend,
+        "data_real": facts.workload_info.get("data_real", True),
         "effective": {
-            "pin_memory": work.info.get("pin_memory"),
+            "pin_memory": facts.workload_info.get("pin_memory"),
             "loader_batch": schedule.loader_batch,
             "num_workers": loader_workers(cfg.data.num_workers),
         },
-        "workload": work.info,
+        "workload": facts.workload_info,
         "artifacts": artifacts,
-        "hardware": metrics.hardware(device, env.world_size),
+        "hardware": metrics.hardware(device, world_size),
         "epochs": epochs,
         "summary": summary,
-        "output_dir": str(built.out_dir),
-        "config": for_task(cfg.to_dict(), task.unread),
-        "plan": {"model": built.plan.to_dict()["model"], "data": built.plan.to_dict()["data"]},
+        "output_dir": str(facts.out_dir),
+        "config": for_task(cfg.to_dict(), facts.unread),
+        "plan": facts.sources,
     }
 
 
-def token_rates(built, all_tokens: float, steps: int, seconds: float, gpus: int) -> dict:
+def token_rates(facts: RunFacts, all_tokens: float, steps: int, seconds: float, gpus: int) -> dict:
     """Tokens/s and MFU over the measured window."""
-    dims, work, device = built.dims, built.work, built.env.device
+    device, flops_per_token = facts.device, facts.flops_per_token
     # every rank of a tp group and every stage counted the same batch
-    copies = dims.tp * dims.pp * (dims.dp_size if built.redundant else 1)
-    unique_tokens = all_tokens / copies
+    unique_tokens = all_tokens / facts.copies
     out = {
         "tokens_per_s": unique_tokens / seconds,
         "tokens_per_step": unique_tokens / max(steps, 1),
     }
     peak_flops = metrics.peak_flops(device)
-    achieved = work.flops_per_token * out["tokens_per_s"] / gpus  # per device
+    achieved = flops_per_token * out["tokens_per_s"] / gpus  # per device
     # MFU = achieved model FLOP/s per device / the device's dense bf16 peak; a run whose
     # linear layers compute in float8 is also quoted against the fp8 peak (twice as high)
     out["mfu"] = achieved / peak_flops if peak_flops else None
-    peak_fp8 = metrics.peak_fp8_flops(device) if built.cfg.model.fp8 != "none" else None
+    peak_fp8 = metrics.peak_fp8_flops(device) if facts.cfg.model.fp8 != "none" else None
     out["mfu_fp8_peak"] = achieved / peak_fp8 if peak_fp8 else None
     out["mfu_basis"] = {
-        "formula": getattr(work.spec, "flops_formula", None),
-        "model_flops_per_token": work.flops_per_token,
+        "formula": facts.flops_formula,
+        "model_flops_per_token": flops_per_token,
         "achieved_flops_per_device": achieved,
         "peak_flops_bf16_dense": peak_flops,
         "peak_flops_fp8_dense": peak_fp8,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
-    out["flops_per_token"] = work.flops_per_token
+    out["flops_per_token"] = flops_per_token
     return out
 
 

@@ -271,8 +271,9 @@ class Trainer:
         self.checkpoints.finish(state, self.start_step)
         if built.work.finish is not None:
             artifacts = {**built.work.finish(built.model, built.out_dir), **artifacts}
+        facts = results.facts_of(built, self.schedule.k, state.step - self.start_step)
         result = results.build(
-            built,
+            facts,
             self.schedule,
             state,
             epochs=epochs,
