@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paratrain.errors import UserError
@@ -30,24 +30,31 @@ class Table:
     """backend ("flash", "cudnn") -> (log2 head_dim, log2 heads, log2 seq, forward, backward)."""
     source: str
     path: str
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """Rates already interpolated: a layout search asks the same few shapes thousands of times."""
 
     def gemm_tflops(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
-        rows = self.gemm.get(dtype)
-        if not rows:
-            raise UserError(f"rates {self.path}: no {dtype} GEMMs measured")
-        return _idw(rows, (math.log2(m), math.log2(n), math.log2(k)))[0]
+        key = (dtype, m, n, k)
+        if key not in self.memo:
+            rows = self.gemm.get(dtype)
+            if not rows:
+                raise UserError(f"rates {self.path}: no {dtype} GEMMs measured")
+            self.memo[key] = _idw(rows, (math.log2(m), math.log2(n), math.log2(k)))[0]
+        return self.memo[key]
 
     def attention_tflops(
         self, head_dim: int, heads: float, seq: int, backend: str = "flash"
     ) -> tuple[float, float]:
         """(forward, backward) TFLOP/s of causal attention at this head dim, head count (a
         rank's, under TP) and sequence length."""
-        rows = self.attention.get(backend)
-        if not rows:
-            raise UserError(f"rates {self.path}: no {backend} attention measured")
-        point = (math.log2(head_dim), math.log2(max(heads, 1)), math.log2(seq))
-        fwd, bwd = _idw(rows, point)
-        return fwd, bwd
+        key = (backend, head_dim, heads, seq)
+        if key not in self.memo:
+            rows = self.attention.get(backend)
+            if not rows:
+                raise UserError(f"rates {self.path}: no {backend} attention measured")
+            point = (math.log2(head_dim), math.log2(max(heads, 1)), math.log2(seq))
+            self.memo[key] = _idw(rows, point)
+        return self.memo[key]
 
 
 def _idw(rows, point) -> tuple[float, ...]:
