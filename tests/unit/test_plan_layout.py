@@ -108,10 +108,19 @@ def test_json_has_the_step_its_terms_and_memory(capsys):
     # the step is its terms: each positive, summing to the step's seconds
     assert sum(found["terms"].values()) == pytest.approx(found["step_s"])
     assert found["tps_per_gpu"] == pytest.approx(16 * 8192 / 64 / found["step_s"])
+    # what it takes for granted, said: the measured rates, an unfused loss, live tensors only
+    assert any("h100-sxm-700w.rates.json" in a for a in found["assumes"])
+    assert any("unfused" in a for a in found["assumes"])
+    assert not any("float8" in a for a in found["assumes"])
+    assert main([*args, *layout, "--float8", "--json"]) == 0
+    eight = json.loads(capsys.readouterr().out)
+    assert any("float8 all-gather" in a for a in eight["assumes"])
+    assert eight["tps_per_gpu"] > found["tps_per_gpu"]
     # the same without --json: the table's words
     assert main([*args, *layout]) == 0
     said = capsys.readouterr().out
     assert "tokens/s a GPU" in said and "fits" in said and "step terms (s): matmul" in said
+    assert "  assumes: torch.compile over each layer" in said
 
 
 @pytest.mark.parametrize("config", [MISTRAL_7B, QWEN25_7B], ids=["mistral", "qwen2"])

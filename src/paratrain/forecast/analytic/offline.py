@@ -69,6 +69,30 @@ def run_layouts(
     return 0
 
 
+def assumptions(train: Training, hw) -> list[str]:
+    """What framework behaviour the prediction takes for granted, one phrase each: the numbers
+    move when a run does otherwise."""
+    said = [
+        "torch.compile over each layer" if train.compile else "eager",
+        "torchtitan's pipeline schedules and FSDP2 (weights, gradients, AdamW's moments in fp32)",
+        "the loss over fp32 logits, unfused (torchtitan's)"
+        if not train.fused_loss
+        else "a fused loss (the gradient written in its forward)",
+        "foreach AdamW" if not train.fused_optimizer else "fused AdamW",
+        "live tensors only: the caching allocator's reserve is not counted",
+    ]
+    if train.float8:
+        said.append(
+            "float8 tensorwise linears (torchao), lm_head in bf16, "
+            + ("float8 all-gather of the weights" if train.fp8_gather else "bf16 all-gather")
+        )
+    if hw.rates is not None:
+        said.append(
+            f"each GEMM and {hw.attention_backend} attention at its measured rate ({hw.rates.path.rsplit('/', 1)[-1]})"
+        )
+    return said
+
+
 def run_layout(
     profile: str,
     shape_name: str,
@@ -110,7 +134,7 @@ def run_layout(
         "tp_comm_s": p["tp_comm_s"],
         "fsdp_comm_s": p["fsdp_comm_s"],
         "memory": {k: v for k, v in p["memory"].items() if isinstance(v, (int, float))},
-        "assumes": "compiled; torchtitan's schedules and FSDP2; bf16 weights held in fp32 with AdamW",
+        "assumes": assumptions(train, hw),
     }
     if as_json:
         print(json.dumps(found))
@@ -127,5 +151,6 @@ def run_layout(
         f"memory {p['memory_gib']:.1f} GiB: {fits}"
     )
     print("  step terms (s): " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in p["terms"].items() if v))
+    print("  assumes: " + "; ".join(found["assumes"]))
     print(f"  hardware derates and their sources: {hw.path}")
     return 0
