@@ -32,11 +32,33 @@ split: consecutive blocks on consecutive GPUs of one process."""
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")
 
 
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What a model family allows beyond parallelism, declared on its spec (ModelSpec.traits):
+    the plan, the levers and tune ask it through the task that trains it (Task.family)."""
+
+    compiles: bool = True
+    """Its models compile well enough for train.compile=auto to switch compile on (on a GPU
+    with Triton); false: compiled only when asked (a GAN's two models, the user's own module)."""
+    fp8: bool = False
+    """model.fp8 / model.fp8_lm_head make its linear layers float8 (torchao): the plan, its
+    hints and result.json name them."""
+    decoder_levers: bool = False
+    """The levers measured on a decoder stack apply: train.bf16_weights (fp32 masters in
+    MasterAdamW), train.compile_scope=decoder (one graph over the decoder), and `paratrain
+    tune` searches model.kernels, model.fp8 and model.loss_chunk_tokens."""
+    image_levers: bool = False
+    """The image models' levers apply: the Triton depthwise / BatchNorm layers (a note where no
+    GPU runs them), channels_last, cudnn_benchmark, data.resize_on and the loader's workers
+    (`paratrain tune` searches them; `paratrain doctor` times its loader alone)."""
+
+
 class ModelSpec(Protocol):
     """What the parallel layer may know about a model family, and nothing more (models/spec.py
     says what each question means)."""
 
     family: str
+    traits: FamilyTraits
     flops_formula: str | None  # what flops_per_token counts, quoted in result.json
 
     def blocks(self, model: nn.Module) -> list[nn.Module]: ...
@@ -183,9 +205,9 @@ class Task:
     refusals: dict[str, str] = field(default_factory=dict)
     """Why it does not train with a layout, where more can be said than that it does not
     ({"tp": "..."}): the refusal's line."""
-    compiles: bool = True
-    """Its models compile well enough for train.compile=auto to switch compile on (on a GPU with
-    Triton); false: compiled only when asked (a GAN's two models, the user's own module)."""
+    family: FamilyTraits = FamilyTraits()
+    """What its model family allows (the spec's traits, models/*): compile by default, float8,
+    the decoder's or the images' levers. Asked as task.compiles, task.fp8, ... below."""
     levers: Callable[[Any, Layout, Machine], dict[str, tuple[Any, str]]] = no_levers
     """(config, layout, machine) -> {dotted key: (value, reason)}: the automatic levers this
     task knows best (CUDA graphs for its batches, its kernels), read after train.compile is
@@ -196,17 +218,6 @@ class Task:
     reads: result.json's config leaves them out, so it reads as the run it describes."""
     lora: bool = False
     """lora.enabled puts LoRA adapters (peft) on its model: only they train."""
-    fp8: bool = False
-    """model.fp8 / model.fp8_lm_head make its linear layers float8 (torchao): the plan, its
-    hints and result.json name them."""
-    decoder_levers: bool = False
-    """The levers measured on a decoder stack apply: train.bf16_weights (fp32 masters in
-    MasterAdamW), train.compile_scope=decoder (one graph over the decoder), and `paratrain
-    tune` searches model.kernels, model.fp8 and model.loss_chunk_tokens."""
-    image_levers: bool = False
-    """The image models' levers apply: the Triton depthwise / BatchNorm layers (a note where no
-    GPU runs them), channels_last, cudnn_benchmark, data.resize_on and the loader's workers
-    (`paratrain tune` searches them; `paratrain doctor` times its loader alone)."""
     export_format: str = "safetensors"
     """What `paratrain export` writes of a checkpoint: safetensors (the model's tensors), or
     huggingface (the model rebuilt and saved by transformers, a LoRA run's by peft)."""
@@ -221,6 +232,23 @@ class Task:
     computed): parameters, trainable, saved_per_sample (the bytes autograd keeps for backward
     per sample, in fp32), input_per_sample; None where it cannot tell. None: no estimate of a
     run's memory for this task (runplan/cpu.py)."""
+
+    # the family's traits, asked of the task that trains it
+    @property
+    def compiles(self) -> bool:
+        return self.family.compiles
+
+    @property
+    def fp8(self) -> bool:
+        return self.family.fp8
+
+    @property
+    def decoder_levers(self) -> bool:
+        return self.family.decoder_levers
+
+    @property
+    def image_levers(self) -> bool:
+        return self.family.image_levers
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from torch import nn
 from paratrain import trust
 from paratrain.errors import UserError
 from paratrain.models.hf_loading import from_config, one_bar
+from paratrain.protocols import FamilyTraits
 
 SHAPES = {
     # bert-base-uncased's architecture (110M parameters)
@@ -106,6 +107,7 @@ class BertSpec:
     tensor-parallel plan (yet)."""
 
     family = "bert"
+    traits = FamilyTraits()
     flops_formula = FLOPS_FORMULA
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:

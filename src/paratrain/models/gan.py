@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from paratrain.errors import UserError
+from paratrain.protocols import FamilyTraits
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -77,6 +78,7 @@ class GanSpec:
     checkpointing recomputes) are its top-level Sequential children."""
 
     family = "gan"
+    traits = FamilyTraits(compiles=False)  # two models: compiled only when asked
     flops_formula = None
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:

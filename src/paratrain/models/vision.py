@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.errors import UserError
+from paratrain.protocols import FamilyTraits
 
 
 def build_mobilenet_v2(num_classes: int, in_channels: int = 3) -> nn.Module:
@@ -172,6 +173,7 @@ class VisionSpec:
     """Image classifiers: blocks are the trunk's, the pipeline chain is stem / blocks / head."""
 
     family = "vision"
+    traits = FamilyTraits(image_levers=True)
     flops_formula = None  # images count samples, not tokens
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:

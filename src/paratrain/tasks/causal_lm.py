@@ -523,8 +523,7 @@ TASK = Task(
     levers=lm_levers.levers,
     unread=("gan", *LM_UNREAD),
     lora=True,
-    fp8=True,
-    decoder_levers=True,
+    family=CausalLMSpec.traits,
     export_format="huggingface",
     # peft imports transformers' models and the Llama classes
     imports=lambda cfg: ("transformers", "peft"),

@@ -31,7 +31,7 @@ from paratrain.config.keys import dotted
 from paratrain.data.loader import OnDevice, loader_workers, rank_loaders
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.protocols import BuildContext, Layout, Task, Workload
+from paratrain.protocols import BuildContext, FamilyTraits, Layout, Task, Workload
 
 OBJECTS_ENV = "PARATRAIN_OBJECTS"
 _here: dict[str, Any] | None = None  # the objects, in the process that was handed them
@@ -74,6 +74,7 @@ class CustomSpec:
     units, what activation checkpointing recomputes)."""
 
     family = "custom"
+    traits = FamilyTraits(compiles=False)  # the user's own module: compiled only when asked
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return [m for m in model.children() if any(True for _ in m.parameters())]
@@ -223,7 +224,7 @@ TASK = Task(
     build=build,
     model_keys="python",
     describes="your model, data sets and loss from paratrain.train",
-    compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
+    family=CustomSpec.traits,
     # the objects came from Python: no model or data source is read
     unread=(
         "lora",

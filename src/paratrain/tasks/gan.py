@@ -283,7 +283,7 @@ TASK = Task(
     preflight=preflight,
     build=build,
     describes="a DCGAN generator and discriminator, alternating updates, held-out D/G losses",
-    compiles=False,  # train.compile=auto leaves it eager: compiled only when asked
+    family=GanSpec.traits,
     unread=("lora", *IMAGE_UNREAD),
     imports=lambda cfg: ("torchvision",),
     held_out_line=held_out_line,

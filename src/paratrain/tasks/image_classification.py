@@ -324,7 +324,7 @@ TASK = Task(
         "with ddp, fsdp, pipeline or split"
     },
     unread=("lora", "gan", *IMAGE_UNREAD),
-    image_levers=True,
+    family=VisionSpec.traits,
     imports=imports,
     footprint=footprint,
 )

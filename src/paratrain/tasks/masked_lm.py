@@ -274,4 +274,5 @@ TASK = Task(
     describes="text with 15% of tokens masked -> masked-token loss, accuracy, perplexity",
     unread=BERT_UNREAD,
     imports=bert_imports,
+    family=BertSpec.traits,
 )

@@ -160,4 +160,5 @@ TASK = Task(
     describes="labelled text -> the [CLS] state's class, cross-entropy, held-out accuracy",
     unread=BERT_UNREAD,
     imports=bert_imports,
+    family=BertSpec.traits,
 )

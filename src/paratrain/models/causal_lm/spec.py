@@ -29,6 +29,7 @@ from paratrain.errors import UserError
 from paratrain.models.causal_lm.build import decoder_layers
 from paratrain.models.causal_lm.family import decoder_of, family_of, family_parts
 from paratrain.models.causal_lm.tp_styles import adapter_plan, block_io, ends_plan  # noqa: F401
+from paratrain.protocols import FamilyTraits
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -93,6 +94,7 @@ FLOPS_FORMULA = (
 
 class CausalLMSpec:
     family = "causal_lm"
+    traits = FamilyTraits(fp8=True, decoder_levers=True)
     flops_formula = FLOPS_FORMULA
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
