@@ -167,3 +167,18 @@ def test_what_the_plan_cannot_price_is_one_line(tmp_path, capsys):
     missing = ["--shape", str(tmp_path / "none" / "config.json"), "--gpus", "8"]
     assert main(["plan", "--hardware", "h100-sxm", *missing]) == 2
     one_error_line(capsys, "cannot read")
+
+
+def test_the_search_says_how_to_price_its_best_again(capsys):
+    """Below the search's table, the flags that name its largest scale's best layout: run with
+    them (and --json), they give the table's tokens/s."""
+    shape = ["--hardware", "h100-sxm", "--shape", "llama3.1-8b"]
+    assert main(["plan", *shape, "--gpus", "8,64"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "to price it again" in x)
+    flags = line.split(": ", 1)[1].split(" (with")[0].split()
+    assert flags[:2] == ["--gpus", "64"]
+    row = next(x for x in out.splitlines() if x.startswith("| 64 |"))
+    tps = float(row.split("|")[5].replace(",", ""))
+    assert main(["plan", *shape, *flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tps_per_gpu"] == pytest.approx(tps, abs=0.5)

@@ -102,7 +102,9 @@ def test_attention_by_head_dim_and_sequence():
 def test_a_500w_profile_runs_the_table_at_its_clock():
     slow = hardware.load("h100-hbm2e-500w")
     assert slow.clock < 1
-    assert slow.gemm_s(8192, 4096, 4096) == pytest.approx(H100.gemm_s(8192, 4096, 4096) / slow.clock)
+    assert slow.gemm_s(8192, 4096, 4096) == pytest.approx(
+        H100.gemm_s(8192, 4096, 4096) / slow.clock
+    )
 
 
 def test_a_bad_table_is_one_line(tmp_path):

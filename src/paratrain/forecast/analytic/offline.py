@@ -43,12 +43,15 @@ def run_layouts(
     header = "| GPUs | best layout | AC | local batch | TPS/GPU | memory GiB | step s | MFU |"
     print(header)
     print("|---:|---|---|---:|---:|---:|---:|---:|")
+    named = None  # the largest scale's best, as the flags that price it again
     for n in gpus:
         try:
             b = search.best(shape, hw, n, seq_len=seq_len, global_batch=global_batch, float8=float8)
         except UserError as e:
             print(f"| {n} | {str(e).removeprefix('plan: ')} | | | | | | |")
             continue
+        flags = f"--layout {b['cut'].as_flag()} " if b["cut"].as_flag() else ""
+        named = f"--gpus {n} {flags}--local-batch {b['local_batch']} --ac {b['ac']}"
         mfu = f"{b['mfu']:.0%}" if b["mfu"] else "-"
         print(
             f"| {n} | {b['layout']} | {b['ac']} | {b['local_batch']} | {b['tps_per_gpu']:,.0f} "
@@ -65,6 +68,8 @@ def run_layouts(
             f"the clock a power curve of {hw.static_w:g} W static and exponent "
             f"{hw.power_exponent:g} allows (sources.power in the profile says where it is from)"
         )
+    if named:
+        print(f"  to price it again, or a variation of it: {named} (with --json: each term)")
     print(f"  hardware derates and their sources: {hw.path}")
     return 0
 
