@@ -182,3 +182,27 @@ def test_the_search_says_how_to_price_its_best_again(capsys):
     tps = float(row.split("|")[5].replace(",", ""))
     assert main(["plan", *shape, *flags, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tps_per_gpu"] == pytest.approx(tps, abs=0.5)
+
+
+def test_a_config_naming_its_own_head_width_is_priced_with_it():
+    """Qwen3 names head_dim apart from hidden / heads (0.6B: 16 heads of 128 on a hidden of
+    1,024): q and o are 2,048 wide, k and v 1,024, and the parameters come to its 0.6B."""
+    qwen3 = dict(
+        model_type="qwen3",
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
+    s = shapes.from_config("qwen3-0.6b", qwen3)
+    assert (
+        s.head_dim == 128 and s.linears()["q"] == (1024, 2048) and s.linears()["o"] == (2048, 1024)
+    )
+    assert s.linears()["k"] == (1024, 1024)
+    assert 0.59e9 < s.params < 0.61e9
+    without = shapes.from_config("llama-like", {**qwen3, "model_type": "llama", "head_dim": None})
+    assert without.head_dim == 64 and without.linears()["q"] == (1024, 1024)

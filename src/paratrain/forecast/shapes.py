@@ -24,10 +24,17 @@ class Shape:
     kv_heads: int
     vocab: int
     tied: bool = False
+    head_size: int = 0
+    """A head's width where the config names one apart from hidden / heads (Qwen3, Mistral
+    Nemo: head_dim); 0: hidden / heads."""
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
 
     @property
     def kv_width(self) -> int:
@@ -35,12 +42,12 @@ class Shape:
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """A decoder layer's matmul weights as (in, out) features."""
-        h, kv, f = self.hidden, self.kv_width, self.ffn
+        h, q, kv, f = self.hidden, self.q_width, self.kv_width, self.ffn
         return {
-            "q": (h, h),
+            "q": (h, q),
             "k": (h, kv),
             "v": (h, kv),
-            "o": (h, h),
+            "o": (q, h),
             "gate": (h, f),
             "up": (h, f),
             "down": (f, h),
@@ -84,6 +91,7 @@ def from_config(name: str, fields: dict) -> Shape:
             kv_heads=int(fields.get("num_key_value_heads") or fields["num_attention_heads"]),
             vocab=int(fields["vocab_size"]),
             tied=bool(fields.get("tie_word_embeddings", False)),
+            head_size=int(fields.get("head_dim") or 0),
         )
     except KeyError as e:
         raise UserError(f"--shape {name}: the config has no {e.args[0]}") from None

@@ -331,7 +331,9 @@ def _finite_here(s, loss: torch.Tensor | None, norm=None) -> tuple[torch.Tensor,
             norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads)])
             ok = ok * torch.isfinite(norms).all()
             # whole gradients here (no sharding): their norm, for the step log (no sync now)
-            whole = s.wrapper in (None, "ddp", "dp") and not s.tp_enabled and s.pipe is None
+            whole = (
+                s.wrapper in (None, "ddp", "data-parallel") and not s.tp_enabled and s.pipe is None
+            )
             whole_norm = torch.linalg.vector_norm(norms) if whole else None
     return ok, whole_norm
 

@@ -63,12 +63,12 @@ class Hardware:
         """Seconds of one (M, N, K) GEMM: at its own measured rate where the profile has a
         table (at this profile's clock), else at the one derated rate."""
         flops = 2 * m * n * k
-        table = self.rates
-        if table is None:
+        table, dtype = self.rates, "float8" if float8 else "bf16"
+        if table is None or not table.gemm.get(dtype):  # the derate prices what it lacks
             return flops / self.matmul_flops(float8)
         if float8 and not self.fp8_tflops:
             raise UserError(f"hardware {self.name}: no float8 matmuls on this GPU")
-        rate = table.gemm_tflops(m, n, k, "float8" if float8 else "bf16")
+        rate = table.gemm_tflops(m, n, k, dtype)
         return flops / (rate * 1e12 * self.clock)
 
     def attention_s(

@@ -34,7 +34,7 @@ class Table:
     """Rates already interpolated: a layout search asks the same few shapes thousands of times."""
 
     def gemm_tflops(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
-        key = (dtype, m, n, k)
+        key = ("gemm", dtype, m, n, k)
         if key not in self.memo:
             rows = self.gemm.get(dtype)
             if not rows:
@@ -47,7 +47,7 @@ class Table:
     ) -> tuple[float, float]:
         """(forward, backward) TFLOP/s of causal attention at this head dim, head count (a
         rank's, under TP) and sequence length."""
-        key = (backend, head_dim, heads, seq)
+        key = ("attention", backend, head_dim, heads, seq)
         if key not in self.memo:
             rows = self.attention.get(backend)
             if not rows:

@@ -81,6 +81,8 @@ SHAPES: dict[str, dict] = {
         tie_word_embeddings=True,
     ),
 }
+SHAPE_FAMILIES = {"llama", "gpt2"}  # the families SHAPES names (their classes: Family.hf_classes)
+
 # Config-only shapes: what the forecast prices (forecast/shapes.py), not offered as model.shape
 # (config/model.py): their random weights fit no one machine. Llama 3.1 as meta-llama's
 # config.json files have them; 3.1 8B has Llama 3 8B's widths (3.1 lengthens the context only).
@@ -170,7 +172,10 @@ def model_class(config):
     from_config: the same seed gives the same weights as the plain reference (bench/peers)."""
     import transformers
 
-    return getattr(transformers, family_of(config).hf_classes[1])
+    family = family_of(config)
+    if family.family not in SHAPE_FAMILIES:  # a named shape is built from its family's classes
+        raise UserError(f"model.shape: no causal-LM class for model_type {family.family!r}")
+    return getattr(transformers, family.hf_classes[1])
 
 
 @contextlib.contextmanager
