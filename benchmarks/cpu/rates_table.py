@@ -10,14 +10,17 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
 
-rows = json.load(open(sys.argv[1]))["rows"]
+rows = json.loads(Path(sys.argv[1]).read_text())["rows"]
 gemm, att = defaultdict(list), defaultdict(lambda: defaultdict(list))
 seen = set()
 for r in rows:
     if r["kind"] == "gemm" and not r.get("shared"):
-        dtype = r["dtype"] if r["dtype"] == "bf16" else (
-            "float8" if r.get("scaling") == "tensorwise" else "float8_rowwise"
+        dtype = (
+            r["dtype"]
+            if r["dtype"] == "bf16"
+            else ("float8" if r.get("scaling") == "tensorwise" else "float8_rowwise")
         )
         key = (dtype, r["M"], r["N"], r["K"])
         if key in seen:
@@ -28,12 +31,21 @@ for r in rows:
         att[r["backend"]][(r["head_dim"], r["heads"], r["seq"])].append((r["pass"], r["tflops"]))
 attention = {
     b: [
-        [hd, h, s, round(statistics.median(t for p, t in v if p == "forward"), 1),
-         round(statistics.median(t for p, t in v if p == "backward"), 1)]
+        [
+            hd,
+            h,
+            s,
+            round(statistics.median(t for p, t in v if p == "forward"), 1),
+            round(statistics.median(t for p, t in v if p == "backward"), 1),
+        ]
         for (hd, h, s), v in sorted(points.items())
     ]
     for b, points in att.items()
 }
-out = {"source": sys.argv[3], "gemm": {k: sorted(v) for k, v in gemm.items()}, "attention": attention}
-open(sys.argv[2], "w").write(json.dumps(out, separators=(",", ":")) + "\n")
+out = {
+    "source": sys.argv[3],
+    "gemm": {k: sorted(v) for k, v in gemm.items()},
+    "attention": attention,
+}
+Path(sys.argv[2]).write_text(json.dumps(out, separators=(",", ":")) + "\n")
 print({k: len(v) for k, v in gemm.items()}, {k: len(v) for k, v in attention.items()})

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from paratrain.errors import UserError
+
 # How a run lays its model over the ranks, as a task declares what it trains with:
 LAYOUTS = ("single", "dp", "ddp", "fsdp", "tp", "pp", "split")
 """single: one device; dp: torch.nn.DataParallel; ddp: DistributedDataParallel replicas;
@@ -176,6 +178,15 @@ class BuildContext:
     out_dir: Path | None = None
     """The run's folder: where a task writes its own artifacts during training (a GAN's sample
     grids). None where a task is built outside a run (a plan's count, a test)."""
+
+    def one_batch_each(self, rows: int) -> None:
+        """Refuse in one line training rows fewer than one batch on every data-parallel rank
+        (each rank reads all of them under the full sampler)."""
+        if rows < self.loader_batch * (self.dp_size if self.layout.sampler != "full" else 1):
+            raise UserError(
+                f"data.batch_size: {rows} training rows are fewer than one batch on every "
+                f"data-parallel rank ({self.loader_batch} x {self.dp_size})"
+            )
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,20 @@ FLOPS_FORMULA = (
 )
 
 
+def bert_of(m, policy, device, num_labels: int | None = None) -> nn.Module:
+    """build_bert as the model.* settings (a ModelConfig) and the precision policy say."""
+    return build_bert(
+        path=m.path,
+        init=m.init,
+        shape=m.shape,
+        attn=m.attn_implementation,
+        dtype=policy.param_dtype,
+        device=device,
+        layers=m.layers,
+        num_labels=num_labels,
+    )
+
+
 def build_bert(
     *,
     path: str | None,

@@ -383,12 +383,7 @@ def token_rows(ctx: BuildContext, tokenizer, vocab: int) -> tuple[list, list]:
     if d.packing:
         train_rows = lmdata.pack(train_rows, d.max_length, tokenizer.pad_token_id)
         val_rows = lmdata.pack(val_rows, d.max_length, tokenizer.pad_token_id)
-    needed = ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1)
-    if len(train_rows) < needed:
-        raise UserError(
-            f"data.batch_size: {len(train_rows)} training rows are fewer than one batch on every "
-            f"data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
-        )
+    ctx.one_batch_each(len(train_rows))
     return train_rows, val_rows
 
 

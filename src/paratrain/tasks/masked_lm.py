@@ -18,7 +18,7 @@ from paratrain.data.text.masking import IGNORE, mask_row, sample_generator
 from paratrain.data.text.tokenizer import check_tokenizer
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, build_bert
+from paratrain.models.bert import BERT_SHAPES, SHAPES, BertSpec, bert_of
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 
 SYNTHETIC_ROWS = 512  # random rows are all alike: a few hundred cycle as epochs
@@ -87,15 +87,7 @@ class MaskedLM:
         self.policy, self.device, self.non_blocking = policy, device, d.non_blocking
         self.data, self.model_cfg = d, m
         tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
-        self.model = build_bert(
-            path=m.path,
-            init=m.init,
-            shape=m.shape,
-            attn=m.attn_implementation,
-            dtype=policy.param_dtype,
-            device=device,
-            layers=m.layers,
-        )
+        self.model = bert_of(m, policy, device)
         vocab = self.model.config.vocab_size
         if len(tokenizer) > vocab:
             raise UserError(
@@ -108,13 +100,7 @@ class MaskedLM:
         self.val_rows = all_rows[::step][:n_val] if n_val else []
         held = set(range(0, len(all_rows), step)[:n_val]) if n_val else set()
         self.train_rows = [r for i, r in enumerate(all_rows) if i not in held]
-        if len(self.train_rows) < ctx.loader_batch * (
-            ctx.dp_size if ctx.layout.sampler != "full" else 1
-        ):
-            raise UserError(
-                f"data.batch_size: {len(self.train_rows)} training rows are fewer than one batch "
-                f"on every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
-            )
+        ctx.one_batch_each(len(self.train_rows))
         specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
         mask = dict(seed=cfg.seed, mask_id=tokenizer.mask_token_id, vocab_size=len(tokenizer))
         # the epoch the training rows are masked for: shared memory, so that loader workers

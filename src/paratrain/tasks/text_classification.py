@@ -15,7 +15,7 @@ from paratrain.data.text import encoder as enc
 from paratrain.data.text.tokenizer import check_tokenizer
 from paratrain.distributed import process_group as pg
 from paratrain.errors import UserError
-from paratrain.models.bert import BertSpec, build_bert
+from paratrain.models.bert import BertSpec, bert_of
 from paratrain.protocols import BuildContext, Layout, Task, Workload
 from paratrain.tasks.masked_lm import BERT_UNREAD, bert_imports
 from paratrain.tasks.masked_lm import check as _bert_check
@@ -54,25 +54,12 @@ class TextClassification:
         self.policy, self.device, self.non_blocking = policy, device, d.non_blocking
         tokenizer = enc.encoder_tokenizer(m.path, m.tokenizer)
         texts, labels, names = labelled(cfg)
-        self.model = build_bert(
-            path=m.path,
-            init=m.init,
-            shape=m.shape,
-            attn=m.attn_implementation,
-            dtype=policy.param_dtype,
-            device=device,
-            layers=m.layers,
-            num_labels=len(names),
-        )
+        self.model = bert_of(m, policy, device, num_labels=len(names))
         ids = enc.encode(texts, tokenizer, d.max_length)
         train_at, val_at = enc.held_out_split(len(ids), d.val_fraction)
         if d.limit_samples is not None:
             train_at = train_at[: d.limit_samples]
-        if len(train_at) < ctx.loader_batch * (ctx.dp_size if ctx.layout.sampler != "full" else 1):
-            raise UserError(
-                f"data.batch_size: {len(train_at)} training rows are fewer than one batch on "
-                f"every data-parallel rank ({ctx.loader_batch} x {ctx.dp_size})"
-            )
+        ctx.one_batch_each(len(train_at))
 
         def rows(at):
             return enc.Rows([ids[i] for i in at], [labels[i] for i in at])
