@@ -45,6 +45,16 @@ def peak_memory_bytes(device: torch.device, split: dict | None = None) -> tuple[
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_peak_rss"
 
 
+def peak_reserved_bytes(device: torch.device, split: dict | None = None) -> int | None:
+    """Peak GPU memory the caching allocator held (tensors plus the blocks it keeps: what
+    nvidia-smi and an out-of-memory error see; `paratrain plan` forecasts this); None on the
+    CPU."""
+    if device.type != "cuda":
+        return None
+    devices = split["devices"] if split else [device]
+    return max(torch.cuda.max_memory_reserved(d) for d in devices)
+
+
 def memory_capacity_bytes(cuda: bool) -> float:
     """What one device holds: GPU 0's memory, or on the CPU the machine's RAM."""
     if cuda:

@@ -141,6 +141,8 @@ def build(
     gpus = len(facts.split["devices"]) if facts.split and device.type == "cuda" else world_size
     peak, peak_kind = metrics.peak_memory_bytes(device, facts.split)
     peak = int(pg.all_reduce_max(float(peak), device))
+    reserved = metrics.peak_reserved_bytes(device, facts.split)
+    reserved = None if reserved is None else int(pg.all_reduce_max(float(reserved), device))
     measured_steps, measured_s, warmup_excluded, first_tokens = window
     measured_s = max(measured_s, 1e-9)
     last = epochs[-1] if epochs else {}
@@ -171,6 +173,7 @@ def build(
         **{k: v for k, v in last.items() if k.startswith("val_")},
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
+        "peak_reserved_bytes": reserved,  # the allocator's peak hold (GPU), None on the CPU
         # the optimizer's parameters (whole sizes under FSDP / TP; a pipeline stage: its own)
         "trainable_parameters": facts.trainable_parameters,
         "model_state": facts.model_state,  # `paratrain plan`'s calibration reads it
@@ -398,6 +401,7 @@ def print_summary(result: dict[str, Any]) -> None:
         f"{precision_label(result)}{redundant}: "
         f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
         f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})"
+        f"{reserved_words(s.get('peak_reserved_bytes'))}"
         f"{energy_line(s.get('energy'))}\n"
         f"paratrain: results in {result['output_dir']}/result.json",
         flush=True,
@@ -421,3 +425,8 @@ def _version() -> str:
     from paratrain.version import __version__
 
     return __version__
+
+
+def reserved_words(reserved: int | None) -> str:
+    """The words ", N MiB reserved" where the allocator's hold was measured (a GPU run)."""
+    return "" if reserved is None else f", {reserved / 2**20:,.0f} MiB reserved"

@@ -1,0 +1,103 @@
+"""Each run of forecast_memory.sh beside the analytic forecast: the tensors' peak and the
+allocator's, and the forecast's parts (state, activations, the transient peak).
+
+    python3 benchmarks/device/forecast_memory.py RUNS_DIR DONE_FILE OUT
+    python3 benchmarks/device/forecast_memory.py --small      # checks the mapping on the CPU
+
+DONE_FILE: a line per finished run, `label|recipe|overrides` (the shell script's RUNS)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from paratrain.forecast import shapes
+from paratrain.forecast.analytic import hardware
+from paratrain.forecast.analytic.step import Cut, Training, predict
+
+# what each recipe runs, as the forecast's Training (the recipes' own comments and levers)
+RECIPES = {
+    "llama3.2_1b_full_random": (
+        "llama3.2-1b",
+        dict(ac="none", compile=True, fused_loss=True, fused_optimizer=True),
+        8,
+    ),
+    "llama3_8b_lora_random": ("llama3-8b", dict(ac="none", compile=True, lora=True), 2),
+}
+
+
+def training_of(recipe: str, overrides: str) -> tuple[str, Training]:
+    shape, kw, batch = RECIPES[recipe]
+    words = dict(w.split("=", 1) for w in overrides.split() if "=" in w)
+    seq = int(words.get("data.max_length", 2048))
+    batch = int(words.get("data.batch_size", batch))
+    if words.get("train.activation_checkpointing") == "true":
+        kw = {**kw, "ac": "full"}
+    return shape, Training(seq, batch, **kw)
+
+
+def rows(runs: Path, done: list[str]) -> list[dict]:
+    hw = hardware.load("h100-sxm")
+    out = []
+    for line in done:
+        label, recipe, over = line.split("|", 2)
+        shape, train = training_of(recipe, over)
+        p = predict(shapes.shape(shape), hw, Cut(1), train)
+        s = json.loads((runs / label / "result.json").read_text())["summary"]
+        m = p["memory"]
+        out.append(
+            {
+                "run": label,
+                "recipe": recipe,
+                "overrides": over,
+                "batch": train.local_batch,
+                "seq": train.seq_len,
+                "ac": train.ac,
+                "tokens_per_s": s.get("tokens_per_s"),
+                "predicted_tps": p["tps_per_gpu"],
+                "allocated_gib": s["peak_memory_bytes"] / 2**30,
+                "reserved_gib": (s.get("peak_reserved_bytes") or 0) / 2**30,
+                "predicted_gib": p["memory_gib"],
+                "state_gib": m["state_bytes"] / 2**30,
+                "activation_gib": m["activation_bytes"] / 2**30,
+                "peak_gib": m["peak_bytes"] / 2**30,
+            }
+        )
+    return out
+
+
+def table(found: list[dict]) -> str:
+    lines = [
+        "| run | batch x seq, AC | tokens/s | forecast | error | allocated GiB | reserved GiB "
+        "| forecast GiB (state + activations + peak) | vs reserved |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in found:
+        tps = r["tokens_per_s"] or 0
+        err = f"{r['predicted_tps'] / tps - 1:+.1%}" if tps else "-"
+        res = r["reserved_gib"]
+        lines.append(
+            f"| {r['run']} | {r['batch']} x {r['seq']}, {r['ac']} | {tps:,.0f} | "
+            f"{r['predicted_tps']:,.0f} | {err} | {r['allocated_gib']:.1f} | {res:.1f} | "
+            f"{r['predicted_gib']:.1f} ({r['state_gib']:.1f} + {r['activation_gib']:.1f} + "
+            f"{r['peak_gib']:.1f}) | {(r['predicted_gib'] / res - 1) if res else 0:+.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--small"]:
+        for recipe in RECIPES:
+            for over in ("", "--set data.batch_size=4 --set train.activation_checkpointing=true"):
+                print(recipe, over, training_of(recipe, over))
+        return
+    runs, done, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    found = rows(runs, [x for x in done.read_text().splitlines() if x.strip()])
+    (out / "memory.json").write_text(json.dumps(found, indent=1))
+    (out / "memory.md").write_text(table(found))
+    print(table(found))
+
+
+if __name__ == "__main__":
+    main()
