@@ -20,7 +20,7 @@ from paratrain.forecast.analytic.step import Cut, Training, predict
 RECIPES = {
     "llama3.2_1b_full_random": (
         "llama3.2-1b",
-        dict(ac="none", compile=True, fused_loss=True, fused_optimizer=True),
+        dict(ac="none", compile=True, loss="fused", fused_optimizer=True),
         8,
     ),
     "llama3_8b_lora_random": ("llama3-8b", dict(ac="none", compile=True, lora=True), 2),

@@ -194,7 +194,7 @@ def _with(text: str, found: dict, sources: dict, name: str) -> str:
 RECIPES = {
     "llama3.2_1b_full_random": (
         "llama3.2-1b",
-        Training(2048, 8, "none", compile=True, fused_loss=True, fused_optimizer=True),
+        Training(2048, 8, "none", compile=True, loss="fused", fused_optimizer=True),
     ),
     "llama3_8b_lora_random": ("llama3-8b", Training(2048, 2, "none", compile=True, lora=True)),
 }

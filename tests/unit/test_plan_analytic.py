@@ -65,10 +65,21 @@ def test_all_gather_hand_case():
     assert collective_s(gathered, 8, H100.bus_gbps(False)) == pytest.approx(
         7 / 8 * 436_224_000 / 360e9
     )
-    # across nodes the NIC's 50 x 0.9 GB/s: 127/128 of it at 45 GB/s
+    # across nodes a NIC's 50 x 0.94 = 47 GB/s (nccl-tests#290's 46-48): one GPU a node
+    # (FSDP under TP 8) drives one NIC; all 8 of a node drive 8, capped at NVLink's 360
     assert collective_s(gathered, 128, H100.bus_gbps(True)) == pytest.approx(
-        127 / 128 * 436_224_000 / 45e9
+        127 / 128 * 436_224_000 / 47e9
     )
+    assert H100.bus_gbps(True, per_node=8) == 360.0
+    assert H100.bus_gbps(True, per_node=4) == 4 * 47.0
+    # the profile's collective adds its fixed time: 20 us within a node, 58 us across
+    assert H100.collective_s(gathered, 8, per_node=8) == pytest.approx(
+        7 / 8 * 436_224_000 / 360e9 + 20e-6
+    )
+    assert H100.collective_s(gathered, 32, per_node=1) == pytest.approx(
+        31 / 32 * 436_224_000 / 47e9 + 58e-6
+    )
+    assert H100.collective_s(gathered, 1, per_node=1) == 0.0
     # an all-reduce moves twice the shard's share
     assert collective_s(1e9, 4, 100, "all_reduce") == pytest.approx(2 * 3 / 4 * 1e9 / 100e9)
 

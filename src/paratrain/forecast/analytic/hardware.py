@@ -52,6 +52,10 @@ class Hardware:
     (rates.py); without one, the derates above price every matmul alike."""
     attention_backend: str = "flash"
     """Which of the table's attention kernels a step runs (sdpa's flash: torchtitan's)."""
+    latency_intra_us: float = 0.0
+    latency_inter_us: float = 0.0
+    """[collectives]: a collective's fixed time within a node and across nodes (nccl-tests'
+    time at its smallest sizes), added to its size over the bus bandwidth."""
 
     @property
     def rates(self):
@@ -114,10 +118,29 @@ class Hardware:
         """Achieved HBM bytes/s of the memory-bound kernels."""
         return self.memory_tbps * 1e12 * self.memory
 
-    def bus_gbps(self, inter_node: bool) -> float:
-        """All-gather / reduce-scatter bus bandwidth a GPU gets, GB/s: NVLink within a node,
-        its NIC across nodes (a ring over nodes runs at the slowest hop)."""
-        return self.inter_gbps * self.inter if inter_node else self.intra_gbps * self.intra
+    def bus_gbps(self, inter_node: bool, per_node: int = 1) -> float:
+        """All-gather / reduce-scatter bus bandwidth a group gets, GB/s (nccl-tests' busbw):
+        NVLink's within a node; across nodes each of the group's GPUs on a node drives its own
+        NIC (NCCL runs a ring a NIC), so the NICs' rate x the group's GPUs a node, at most
+        NVLink's (a ring over nodes runs at its slowest hop)."""
+        nvlink = self.intra_gbps * self.intra
+        if not inter_node:
+            return nvlink
+        return min(self.inter_gbps * self.inter * max(per_node, 1), nvlink)
+
+    def collective_s(
+        self, whole_bytes: float, n: int, kind: str = "all_gather", *, per_node: int
+    ) -> float:
+        """Seconds of one collective over n GPUs, per_node of them on each node (n where the
+        group fits in one): the profile's latency plus its size over the bus bandwidth
+        (whole_bytes: the gathered tensor, or the tensor reduced; nccl-tests' size)."""
+        if n <= 1:
+            return 0.0
+        from paratrain.forecast.calibrated.model import collective_s
+
+        inter = n > per_node
+        latency = self.latency_inter_us if inter else self.latency_intra_us
+        return collective_s(whole_bytes, n, self.bus_gbps(inter, per_node), kind) + latency * 1e-6
 
     @property
     def usable_bytes(self) -> float:
@@ -194,6 +217,21 @@ def _tables(tables, where: str) -> tuple[str, str]:
     return path, str(tables.get("attention_backend", "flash"))
 
 
+def _collectives(table, where: str) -> tuple[float, float]:
+    """[collectives]: latency_intra_us and latency_inter_us, each a number >= 0 (0 where
+    absent: size over bandwidth alone)."""
+    keys = ("latency_intra_us", "latency_inter_us")
+    if not isinstance(table, dict) or set(table) - set(keys):
+        raise UserError(f"hardware profile {where}: [collectives] holds {' and '.join(keys)}")
+    out = []
+    for key in keys:
+        value = table.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise UserError(f"hardware profile {where}: collectives.{key} must be a number >= 0")
+        out.append(float(value))
+    return out[0], out[1]
+
+
 def from_dict(data: dict, where: str = "profile") -> Hardware:
     sheet, derate = data.get("datasheet", {}), data.get("derate", {})
     missing = [k for k in _NUMBERS if k not in sheet] + [k for k in _DERATES if k not in derate]
@@ -212,7 +250,10 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
     static, exponent = _power_curve(power, sheet, where)
     rates_path, attention_backend = _tables(data.get("tables", {}), where)
+    latency = _collectives(data.get("collectives", {}), where)
     return Hardware(
+        latency_intra_us=latency[0],
+        latency_inter_us=latency[1],
         rates_path=rates_path,
         attention_backend=attention_backend,
         name=data.get("name", Path(where).stem),

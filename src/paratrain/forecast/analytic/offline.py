@@ -80,9 +80,11 @@ def assumptions(train: Training, hw) -> list[str]:
     said = [
         "torch.compile over each layer" if train.compile else "eager",
         "torchtitan's pipeline schedules and FSDP2 (weights, gradients, AdamW's moments in fp32)",
-        "the loss over fp32 logits, unfused (torchtitan's)"
-        if not train.fused_loss
-        else "a fused loss (the gradient written in its forward)",
+        {
+            "eager": "the loss over fp32 logits, eager (torchtitan 2024's)",
+            "compiled": "the loss compiled over bf16 logits (torchtitan 0.2.2's)",
+            "fused": "a fused loss (the gradient written in its forward)",
+        }[train.loss],
         "foreach AdamW" if not train.fused_optimizer else "fused AdamW",
         "live tensors only: the caching allocator's reserve is not counted",
     ]

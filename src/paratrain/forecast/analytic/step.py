@@ -17,8 +17,8 @@ each term t ways):
 - the head: lm_head's matmuls and the loss over T x vocab fp32 logits; the optimizer (AdamW,
   foreach, over each GPU's shard) and gradient clipping.
 
-Communication (model.collective_s over the profile's bus bandwidth; a group that spans nodes runs
-at the NIC's rate):
+Communication (Hardware.collective_s: the profile's latency plus the size over its bus bandwidth,
+nccl-tests' figures; a group that spans nodes runs at its GPUs' NICs' rate, at most NVLink's):
 - FSDP (ZeRO-3 over dp_shard): each layer all-gathered in forward and again in backward (bf16,
   or float8 weights with float8 all-gather), reduce-scattered in fp32; prefetched under the
   neighbouring layer's compute, exposed where it outlasts it, plus the first all-gather and the
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from paratrain.errors import UserError
 from paratrain.forecast.analytic.hardware import Hardware
-from paratrain.forecast.calibrated.model import bubble, collective_s
+from paratrain.forecast.calibrated.model import bubble
 from paratrain.forecast.shapes import Shape
 
 AC_MODES = ("none", "selective", "full")
@@ -63,10 +63,14 @@ COMPILED = {"hidden": 2 * 8 + 4, "kv": 4 + 2 * 2, "ffn": 6}
 ADAMW_BYTES = 64  # foreach AdamW, fp32: ~8 passes of read + write over param, grad, 2 moments
 FUSED_ADAMW_BYTES = 28  # one kernel: read param, grad, 2 moments (16), write 3 (12)
 CLIP_BYTES = 12  # gradient clipping: the norm reads the gradient, the scaling reads and writes
-LOSS_BYTES = 40  # fp32 logits: upcast, log-softmax (two passes), its gradient, the cast back
-LOGIT_BYTES = 12  # live at the loss's peak per logit: fp32 log-softmax, its gradient, bf16 grad
-FUSED_LOSS_BYTES = 4  # a fused loss (paratrain's Triton loss): bf16 logits read, gradient written
-FUSED_LOGIT_BYTES = 4  # bf16 logits and their gradient
+# The loss over the logits, by how it runs: HBM bytes moved per logit, and bytes live per logit
+# at its peak. eager: fp32 logits (upcast, log-softmax in two passes, its gradient, the cast
+# back), live the fp32 log-softmax, its gradient and the bf16 gradient; compiled (torch.compile
+# of the loss, torchtitan 0.2.2's default: its job_config compile.components = ["model",
+# "loss"]): the upcast fused into the reductions, bf16 logits read in forward and again in
+# backward with the bf16 gradient written, live the bf16 logits and their gradient; fused
+# (paratrain's Triton loss): the gradient written in the forward's one pass.
+LOSS = {"eager": (40, 12), "compiled": (8, 4), "fused": (4, 4)}
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class Cut:
             for k in LAYOUT_KEYS
             if getattr(self, k) != getattr(default, k) and getattr(self, k) is not False
         ]
-        return ",".join(words)
+        return ",".join(words) or "fsdp"
 
     def describe(self) -> str:
         parts = []
@@ -134,7 +138,7 @@ class Training:
     float8: bool = False
     fp8_all_gather: bool | None = None  # None: on with float8 (torchtitan's 405B setting)
     lora: bool = False  # frozen bf16 weights, small adapters: no weight gradients, no optimizer
-    fused_loss: bool = False  # the loss's gradient written in one pass (torchtitan 2024: eager)
+    loss: str = "eager"  # eager (torchtitan 2024), compiled (torchtitan 0.2.2), fused: LOSS
     fused_optimizer: bool = False  # one AdamW kernel (torchtitan 2024: foreach)
 
     @property
@@ -165,11 +169,14 @@ def parse_cut(text: str, gpus: int) -> Cut:
             continue
         key, _, value = word.partition("=")
         key = key.strip()
+        if key == "fsdp" and not value:  # FSDP over every GPU: the cut with nothing else
+            continue
         if key not in LAYOUT_KEYS:
-            near = difflib.get_close_matches(key, LAYOUT_KEYS, n=1, cutoff=0.5)
+            words = ("fsdp", *LAYOUT_KEYS)
+            near = difflib.get_close_matches(key, words, n=1, cutoff=0.5)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise UserError(
-                f"--layout: unknown {key!r}{hint}; use {', '.join(LAYOUT_KEYS)} (comma-separated)"
+                f"--layout: unknown {key!r}{hint}; use {', '.join(words)} (comma-separated)"
             )
         if key in fields:
             raise UserError(f"--layout: {key} given twice")
@@ -195,6 +202,8 @@ def check(shape: Shape, layout: Cut, train: Training) -> None:
     """One line for a layout the model cannot be cut into."""
     if train.ac not in AC_MODES:
         raise UserError(f"activation checkpointing: {train.ac!r}; choose {', '.join(AC_MODES)}")
+    if train.loss not in LOSS:
+        raise UserError(f"loss: {train.loss!r}; choose {', '.join(LOSS)}")
     if layout.schedule not in SCHEDULES:
         raise UserError(f"schedule: {layout.schedule!r}; choose {', '.join(SCHEDULES)}")
     if layout.gpus % (layout.tp * layout.pp) or layout.dp % layout.dp_replicate:
@@ -301,7 +310,7 @@ def head_s(shape: Shape, hw: Hardware, tokens: int, tp: int, train: Training) ->
     v, h = shape.vocab // tp, shape.hidden  # split by the vocabulary under TP
     mm = hw.gemm_s(tokens, v, h) + hw.gemm_s(tokens, h, v)  # forward, the input's gradient
     mm += 0.0 if train.lora else hw.gemm_s(v, h, tokens)  # the weight's gradient
-    per_logit = FUSED_LOSS_BYTES if train.fused_loss else LOSS_BYTES
+    per_logit = LOSS[train.loss][0]
     loss = tokens * shape.vocab / tp * per_logit / hw.memory_bytes_s()
     return mm + loss
 
@@ -319,9 +328,10 @@ def rank_layers(shape: Shape, layout: Cut) -> list[int]:
     return [sum(stages[r + k * p] for k in range(v)) for r in range(p)]
 
 
-def _inter(layout: Cut, hw: Hardware, group: int, stride: int) -> bool:
-    """Whether a group of `group` GPUs `stride` apart spans nodes."""
-    return group * stride > hw.gpus_per_node
+def per_node(hw: Hardware, group: int, stride: int) -> int:
+    """GPUs of a group of `group` GPUs `stride` apart on one node (the group's size where it
+    fits in one node): a group spans nodes where this is less than its size."""
+    return min(group, max(hw.gpus_per_node // stride, 1))
 
 
 def fsdp_terms(
@@ -333,17 +343,18 @@ def fsdp_terms(
     d, tp, reps = layout.dp_shard, layout.tp, layout.dp_replicate
     if d <= 1 and reps <= 1:
         return {"fsdp_comm_s": 0.0, "fsdp_exposed_s": 0.0, "fsdp_copies_s": 0.0}
-    bus = hw.bus_gbps(_inter(layout, hw, d, tp))
+    shard = dict(per_node=per_node(hw, d, tp))
     weight_bytes = 1 if train.fp8_gather else 2
     gather = (shape.layer_matmul_params * weight_bytes + 2 * shape.hidden * 2) / tp
-    ag = collective_s(gather, d, bus)
-    rs = collective_s(shape.layer_params / tp * 4, d, bus, "reduce_scatter")
+    ag = hw.collective_s(gather, d, **shard)
+    rs = hw.collective_s(shape.layer_params / tp * 4, d, "reduce_scatter", **shard)
     root = (shape.embedding_params + shape.head_params) / tp
-    root_ag, root_rs = collective_s(root * 2, d, bus), collective_s(root * 4, d, bus)
+    root_ag = hw.collective_s(root * 2, d, **shard)
+    root_rs = hw.collective_s(root * 4, d, "reduce_scatter", **shard)
     if reps > 1:  # the replicas' all-reduce of each shard, fp32 (DDP's where d = 1)
-        across = hw.bus_gbps(_inter(layout, hw, reps, d * tp))
-        rs += collective_s(shape.layer_params / tp / d * 4, reps, across, "all_reduce")
-        root_rs += collective_s(root / d * 4, reps, across, "all_reduce")
+        across = dict(per_node=per_node(hw, reps, d * tp))
+        rs += hw.collective_s(shape.layer_params / tp / d * 4, reps, "all_reduce", **across)
+        root_rs += hw.collective_s(root / d * 4, reps, "all_reduce", **across)
     m = layout.micro
     fwd_c, bwd_c = layer["forward_s"] * m, (layer["total_s"] - layer["forward_s"]) * m
     # FSDP2's copies around its collectives, HBM bytes per parameter of the GPU's layers: the
@@ -374,12 +385,12 @@ def tp_terms(shape: Shape, hw: Hardware, layout: Cut, train: Training, tokens: i
     t = layout.tp
     if t <= 1:
         return 0.0, 0.0
-    bus = hw.bus_gbps(_inter(layout, hw, t, 1))
+    group = dict(per_node=per_node(hw, t, 1))
     whole = tokens * shape.hidden * 2
-    gather_fwd = collective_s(whole / (2 if train.float8 else 1), t, bus)
-    scatter = collective_s(whole, t, bus, "reduce_scatter")
+    gather_fwd = hw.collective_s(whole / (2 if train.float8 else 1), t, **group)
+    scatter = hw.collective_s(whole, t, "reduce_scatter", **group)
     forward = 2 * gather_fwd + 2 * scatter
-    backward = 2 * collective_s(whole, t, bus) + 2 * scatter
+    backward = 2 * hw.collective_s(whole, t, **group) + 2 * scatter
     again = forward if train.ac == "full" else 0.0
     comm = forward + backward + again
     if not layout.async_tp:
@@ -453,7 +464,7 @@ def memory_terms(shape: Shape, hw: Hardware, layout: Cut, train: Training) -> di
             acts += kept * tokens_mb * 2 * h / tp
         peak = tokens_mb * working
         if last:
-            per_logit = FUSED_LOGIT_BYTES if train.fused_loss else LOGIT_BYTES
+            per_logit = LOSS[train.loss][1]
             peak += tokens_mb * shape.vocab / tp * per_logit
         total = state + gathered + acts + peak
         if not out or total > out["total_bytes"]:
