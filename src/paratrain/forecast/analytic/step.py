@@ -42,14 +42,17 @@ and one layer's working set during backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paratrain.errors import UserError
 from paratrain.forecast.analytic.hardware import Hardware
 from paratrain.forecast.calibrated.model import bubble
 from paratrain.forecast.shapes import Shape
 
-AC_MODES = ("none", "selective", "full")
+AC_MODES = ("none", "selective", "full")  # what the search weighs and --ac names
+# torchtitan's "selective layer" (selective_ac_option = 2, and fms-fsdp's every-second-block):
+# every second layer checkpointed whole, the others keep everything; published rows use it
+LAYER_AC = "layer"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 # HBM bytes per token of a layer's forward memory-bound ops, as multiples of the widths they
@@ -200,7 +203,7 @@ def parse_cut(text: str, gpus: int) -> Cut:
 
 def check(shape: Shape, layout: Cut, train: Training) -> None:
     """One line for a layout the model cannot be cut into."""
-    if train.ac not in AC_MODES:
+    if train.ac not in (*AC_MODES, LAYER_AC):
         raise UserError(f"activation checkpointing: {train.ac!r}; choose {', '.join(AC_MODES)}")
     if train.loss not in LOSS:
         raise UserError(f"loss: {train.loss!r}; choose {', '.join(LOSS)}")
@@ -222,13 +225,18 @@ def check(shape: Shape, layout: Cut, train: Training) -> None:
         )
 
 
+def full_share(ac: str) -> float:
+    """The share of layers whose whole forward runs again: full 1, every second layer 1/2."""
+    return {"full": 1.0, LAYER_AC: 0.5}.get(ac, 0.0)
+
+
 def recompute_share(shape: Shape, ac: str) -> float:
     """The share of a layer's forward matmul FLOPs that activation checkpointing runs again:
     none 0, full 1, selective (op policy) the matmuls at even places in forward order."""
     if ac == "none":
         return 0.0
-    if ac == "full":
-        return 1.0
+    if ac in ("full", LAYER_AC):
+        return full_share(ac)
     linears = list(shape.linears().values())
     again = sum(i * o for n, (i, o) in enumerate(linears, 1) if n % 2 == 0)
     return again / shape.layer_matmul_params
@@ -274,17 +282,17 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
     mm = mm_s["forward"] + mm_s["grad_input"] + (0.0 if train.lora else mm_s["grad_weight"])
     recompute_mm = mm_s["forward"] * r  # the share of the forward's FLOPs run again
     att_fwd, att_bwd = hw.attention_s(shape.head_dim, shape.heads / tp, s, tokens)
-    att_again = att_fwd if train.ac == "full" else 0.0
+    att_again = att_fwd * full_share(train.ac)
     widths = COMPILED if train.compile else EAGER
     per_token = widths["hidden"] * h + widths["kv"] * kv + widths["ffn"] * f
-    el_passes = 1 + 2 + (0 if train.ac == "none" else 1)
+    el_passes = 1 + 2 + (0 if train.ac == "none" else 1 if train.ac == "selective" else r)
     elementwise = tokens * per_token * el_passes / tp
     casts = 0.0
     if train.float8:
         # per matmul: its input's amax + cast forward (5 bytes an element; again on recompute),
         # its transposed cast for the weight gradient (3), the output gradient's amax, cast and
         # transpose (7); compiled, the amaxes fuse into the producers (2 bytes less each)
-        again = 0 if train.ac == "none" else 1
+        again = 0 if train.ac == "none" else 1 if train.ac == "selective" else r
         fwd_in, bwd_in, bwd_out = (5, 3, 7) if not train.compile else (3, 3, 5)
         acts = sum(
             i * (fwd_in * (1 + again) + bwd_in) + o * bwd_out for i, o in shape.linears().values()
@@ -391,15 +399,16 @@ def tp_terms(shape: Shape, hw: Hardware, layout: Cut, train: Training, tokens: i
     scatter = hw.collective_s(whole, t, "reduce_scatter", **group)
     forward = 2 * gather_fwd + 2 * scatter
     backward = 2 * hw.collective_s(whole, t, **group) + 2 * scatter
-    again = forward if train.ac == "full" else 0.0
+    again = forward * full_share(train.ac)
     comm = forward + backward + again
     if not layout.async_tp:
         return comm, comm
     # async TP (2024's micro-pipelined TP, float8): each forward all-gather runs in pieces under
     # the matmul it feeds; the reduce-scatters and the backward's collectives stay exposed
     fwd_mm = layer["matmul_s"] / 3
-    gathers = 2 * gather_fwd * (2 if again else 1)
-    exposed = comm - gathers + max(gathers - fwd_mm * (2 if again else 1), 0.0)
+    passes = 1 + full_share(train.ac)  # the forward, and the recompute's share of it again
+    gathers = 2 * gather_fwd * passes
+    exposed = comm - gathers + max(gathers - fwd_mm * passes, 0.0)
     return comm, exposed
 
 
@@ -408,6 +417,8 @@ def saved_per_token(shape: Shape, train: Training) -> float:
     h, kv, f = shape.hidden, shape.kv_width, shape.ffn
     if train.ac == "full":
         return 2 * h
+    if train.ac == LAYER_AC:  # half the layers keep their input, half keep everything
+        return (2 * h + saved_per_token(shape, replace(train, ac="none"))) / 2
     if train.ac == "selective":  # the layer's input, q, v, attention's output, gate, down
         return 2 * (4 * h + kv + f)
     if train.compile:  # inductor's partition keeps the matmuls' inputs and attention's

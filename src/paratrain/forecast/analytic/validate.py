@@ -1,173 +1,161 @@
-"""`paratrain plan --validate torchtitan-h100`: torchtitan's published Llama 3.1 H100
-tables beside the analytic plan's prediction for each row, with its error. One hardware profile
-and one set of its parameters for every row; nothing here is fitted to a row.
+"""`paratrain plan --validate SUITE`: published multi-GPU training rows beside the analytic
+plan's prediction for each, with its error. Each source is one TOML file in suite/ (where it was
+published, the system, the framework's settings as the source states them, the rows); each row
+is priced on its system's hardware profile through the same function as `plan --layout`. One
+parameter set per profile; nothing here is fitted to a row.
 
-The published rows: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (commit 9dec370,
-2024-12-26): H100 SXM with 96 GB HBM2e at 500 W, 8 a host on NVLink, 400 Gb/s RDMA a GPU; Llama
-3.1 at sequence length 8192 (its train configs); TPS/GPU read at step 90, memory the maximum
-reserved over all GPUs. Settings per table as the doc and torchtitan's configs of that commit
-give them: FSDP2 with bf16 parameters and fp32 reductions; selective AC is the "op" policy;
-float8 is torchao's dynamic tensorwise on the decoder's linears (not the output layer), its
-FSDP all-gather in float8 (the 405B config's setting and the launch command of torchtitan's
-docs/float8.md for the 8B; TP's all-gathers are float8 by default); a pipeline splits the batch into as many
-micro-batches as stages (torchtitan's default), 2 stages a rank when interleaved; FSDP under a
-pipeline keeps the stage's layers gathered (no reshard after forward).
-
-Also, for the base rate at 700 W: 1-GPU rows measured on a lent H100 SXM 80 GB (benchmarks/results/2026-12-06-h100x1/issue53/, calls
-1 and 2): torchtitan 0.2.2 compiled on the Llama-3.2-1B shape (8 x 2,048, no AC), bf16 and
-float8, and paratrain's own recipes as shipped (the 1B's full training; the 8B's LoRA, 2 x 2,048).
+Suites: `published` (every file), `torchtitan-h100` (torchtitan's December 2024 H100 tables and
+the rows measured here on lent H100s: the first suite, kept by name).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+import tomllib
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
+from paratrain.errors import UserError
 from paratrain.forecast import shapes
 from paratrain.forecast.analytic import hardware
-from paratrain.forecast.analytic.step import Cut, Training, predict
+from paratrain.forecast.analytic.step import Cut, Training, parse_cut, predict
 
-SUITES = ("torchtitan-h100",)
-SOURCE = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 9dec370)"
+SUITE = Path(__file__).parent / "suite"
+SUITES = {
+    "published": ("torchtitan_2024_12", "torchtitan_2024_08", "ibm_fsdp_2024_03", "lent_h100"),
+    "torchtitan-h100": ("torchtitan_2024_12", "lent_h100"),
+}
+TRAINING = {f.name for f in dataclasses.fields(Training)}
+ROW = {"table", "label", "shape", "gpus", "layout", "hardware", "inter_gbps", "tps"}
+ROW |= {"memory_gib", "memory_miss"}
 
 
 @dataclass(frozen=True)
 class Row:
+    source: str  # the suite file's stem
     table: str
     label: str
     shape: str
+    hardware: str  # a profile name
     layout: Cut
     training: Training
     tps: float  # published TPS/GPU
-    memory_gib: float  # published, GiB
+    memory_gib: float | None = None  # published, GiB (None: not published)
+    memory_miss: str = ""  # why the memory is a known miss (left out of the bound)
+    inter_gbps: float | None = None  # the source's network, GB/s a GPU (None: the profile's)
 
 
-def _fsdp8b(n: int, table: str) -> list[Row]:
-    base = dict(seq_len=8192, local_batch=2, ac="selective")
-    return [
-        Row(table, label, "llama3.1-8b", Cut(n), Training(**base, compile=c, float8=f), tps, mem)
-        for label, c, f, tps, mem in (
-            ("FSDP", False, False, *_T[table][0]),
-            ("FSDP + compile", True, False, *_T[table][1]),
-            ("FSDP + compile + float8", True, True, *_T[table][2]),
-        )
-    ]
-
-
-_T = {
-    "1": ((5762, 82.4), (6667, 77.0), (8532, 76.8)),
-    "3": ((5605, 67.0), (6514, 62.0), (8380, 61.8)),
-}
-
-
-def torchtitan_rows() -> list[Row]:
-    full70 = Training(8192, 16, "full", compile=True, float8=True)
-    full405 = Training(8192, 32, "full", compile=True, float8=True)
-    return [
-        *_fsdp8b(8, "1"),
-        *_fsdp8b(128, "3"),
-        Row("4", "FSDP 32 x TP 8", "llama3.1-70b", Cut(256, tp=8), full70, 829, 71.9),
-        Row(
-            "4",
-            "FSDP 32 x async TP 8",
-            "llama3.1-70b",
-            Cut(256, tp=8, async_tp=True),
-            full70,
-            876,
-            67.6,
-        ),
-        Row(
-            "5",
-            "FSDP 8 x TP 8 x PP 8, 1F1B",
-            "llama3.1-405b",
-            Cut(512, tp=8, pp=8, async_tp=True),
-            full405,
-            100,
-            82.5,
-        ),
-        Row(
-            "5",
-            "FSDP 8 x TP 8 x PP 8, interleaved 1F1B",
-            "llama3.1-405b",
-            Cut(512, tp=8, pp=8, async_tp=True, schedule="interleaved", stages_per_rank=2),
-            full405,
-            128,
-            72.7,
-        ),
-    ]
-
-
-def lent_rows() -> list[Row]:
-    """torchtitan 0.2.2 on one lent H100 SXM 80 GB (700 W), benchmarks/results/2026-12-06-h100x1/issue53/ call 2."""
-    one = dict(seq_len=2048, local_batch=8, ac="none", compile=True)
-    titan = dict(one, loss="compiled")  # torchtitan 0.2.2 compiles its loss too
-    return [
-        Row("H100", "1 GPU, compile", "llama3.2-1b", Cut(1), Training(**titan), 61847, 50.7),
-        Row(
-            "H100",
-            "1 GPU, compile + float8",
-            "llama3.2-1b",
-            Cut(1),
-            Training(**titan, float8=True, fp8_all_gather=False),
-            70521,
-            43.0,
-        ),
-        # paratrain's own recipes as shipped on the same GPU (benchmarks/results/2026-12-06-h100x1/issue53/)
-        Row(
-            "H100",
-            "paratrain 1B full (Triton loss, fused AdamW)",
-            "llama3.2-1b",
-            Cut(1),
-            Training(**one, loss="fused", fused_optimizer=True),
-            69476,
-            39.4,
-        ),
-        Row(
-            "H100",
-            "paratrain 8B LoRA (q, v, o; r 8)",
-            "llama3-8b",
-            Cut(1),
-            Training(2048, 2, "none", compile=True, lora=True),
-            17421,
-            29.6,
-        ),
-    ]
-
-
-def run(suite: str = "torchtitan-h100", profile: str = "h100-hbm2e-500w") -> dict:
-    hw = hardware.load(profile)
-    out = {"suite": suite, "source": SOURCE, "hardware": hw.name, "rows": [], "lent": []}
-    for key, rows, where in (("rows", torchtitan_rows(), hw), ("lent", lent_rows(), None)):
-        where = where or hardware.load("h100-sxm")
-        for r in rows:
-            p = predict(shapes.shape(r.shape), where, r.layout, r.training)
-            out[key].append(
-                {
-                    "table": r.table,
-                    "row": r.label,
-                    "model": r.shape,
-                    "gpus": r.layout.gpus,
-                    "setup": _setup(r.training),
-                    "tps": r.tps,
-                    "predicted_tps": p["tps_per_gpu"],
-                    "tps_error": p["tps_per_gpu"] / r.tps - 1,
-                    "memory_gib": r.memory_gib,
-                    "predicted_gib": p["memory_gib"],
-                    "memory_error": p["memory_gib"] / r.memory_gib - 1,
-                    "terms": p["terms"],
-                    "step_s": p["step_s"],
-                }
+@cache
+def source(stem: str) -> dict:
+    """One suite file: its header (source, url, date, system, settings) and its rows."""
+    data = tomllib.loads((SUITE / f"{stem}.toml").read_text())
+    defaults = data.get("defaults", {})
+    rows = []
+    for raw in data["row"]:
+        r = {**defaults, **raw}
+        unknown = set(r) - ROW - TRAINING
+        if unknown:  # a typo in a shipped file must not price a row wrongly in silence
+            raise UserError(f"suite {stem}: row {r.get('label')!r}: unknown {sorted(unknown)}")
+        gpus = int(r["gpus"])
+        rows.append(
+            Row(
+                source=stem,
+                table=str(r["table"]),
+                label=str(r["label"]),
+                shape=r["shape"],
+                hardware=r.get("hardware", data["hardware"]),
+                layout=parse_cut(r.get("layout", ""), gpus),
+                training=Training(**{k: v for k, v in r.items() if k in TRAINING}),
+                tps=float(r["tps"]),
+                memory_gib=r.get("memory_gib"),
+                memory_miss=r.get("memory_miss", ""),
+                inter_gbps=r.get("inter_gbps"),
             )
-    errors = [abs(r["tps_error"]) for r in out["rows"]]
-    mem = [abs(r["memory_error"]) for r in out["rows"]]
-    out["summary"] = {
-        "median_tps_error": statistics.median(errors),
-        "worst_tps_error": max(errors),
-        "worst_memory_error": max(mem),
-        "rows_within_20": sum(e <= 0.2 and m <= 0.2 for e, m in zip(errors, mem, strict=True)),
-        "rows": len(errors),
-    }
+        )
+    head = {k: v for k, v in data.items() if k not in ("row", "defaults")}
+    return {**head, "rows": tuple(rows)}
+
+
+def rows(suite: str) -> list[Row]:
+    return [r for stem in SUITES[suite] for r in source(stem)["rows"]]
+
+
+def price(r: Row, profile: str | None = None) -> dict:
+    """One row's prediction: on its own profile (or `profile`, a what-if), with the source's
+    network where it names one."""
+    hw = hardware.load(profile or r.hardware)
+    if r.inter_gbps is not None:
+        hw = dataclasses.replace(hw, inter_gbps=r.inter_gbps)
+    return predict(shapes.shape(r.shape), hw, r.layout, r.training)
+
+
+def run(suite: str = "torchtitan-h100", profile: str | None = None) -> dict:
+    if suite not in SUITES:
+        raise UserError(f"--validate: unknown {suite!r}; choose from {', '.join(SUITES)}")
+    out = {"suite": suite, "sources": [], "rows": []}
+    for stem in SUITES[suite]:
+        head = source(stem)
+        out["sources"].append({k: head[k] for k in ("source", "url", "date", "system", "settings")})
+    for r in rows(suite):
+        p = price(r, profile)
+        mem = r.memory_gib
+        out["rows"].append(
+            {
+                "source": r.source,
+                "table": r.table,
+                "row": r.label,
+                "model": r.shape,
+                "hardware": profile or r.hardware,
+                "gpus": r.layout.gpus,
+                "layout": p["layout"],
+                "flags": flags(r),
+                "setup": _setup(r.training),
+                "tps": r.tps,
+                "predicted_tps": p["tps_per_gpu"],
+                "tps_error": p["tps_per_gpu"] / r.tps - 1,
+                "memory_gib": mem,
+                "predicted_gib": p["memory_gib"],
+                "memory_error": None if mem is None else p["memory_gib"] / mem - 1,
+                "memory_miss": r.memory_miss,
+                "terms": p["terms"],
+                "step_s": p["step_s"],
+            }
+        )
+    out["summary"] = summary(out["rows"])
     return out
+
+
+def summary(found: list[dict]) -> dict:
+    tps = [abs(r["tps_error"]) for r in found]
+    mem = [abs(r["memory_error"]) for r in found if r["memory_error"] is not None]
+    bounded = [
+        abs(r["memory_error"])
+        for r in found
+        if r["memory_error"] is not None and not r["memory_miss"]
+    ]
+    return {
+        "rows": len(found),
+        "sources": len({r["source"] for r in found}),
+        "gpu_kinds": sorted({hardware.load(r["hardware"]).name.split("-")[0] for r in found}),
+        "median_tps_error": statistics.median(tps),
+        "worst_tps_error": max(tps),
+        "memory_rows": len(mem),
+        "worst_memory_error": max(mem) if mem else None,
+        "worst_memory_error_bounded": max(bounded) if bounded else None,
+    }
+
+
+def flags(r: Row) -> str:
+    """The `paratrain plan` flags that price this row (its profile, shape and layout)."""
+    t = r.training
+    words = [
+        f"--hardware {r.hardware} --shape {r.shape} --gpus {r.layout.gpus}",
+        f"--layout {r.layout.as_flag()} --ac {t.ac} --local-batch {t.local_batch}",
+        f"--seq-len {t.seq_len}",
+    ]
+    return " ".join(words) + (" --float8" if t.float8 else "")
 
 
 def _setup(t: Training) -> str:
@@ -181,36 +169,45 @@ def _setup(t: Training) -> str:
 
 
 def table(found: dict, terms: bool = False) -> str:
-    """The validation as Markdown: each row's published and predicted TPS/GPU and memory."""
+    """The validation as Markdown: each row's published and predicted TPS/GPU and memory, then
+    its sources."""
     lines = [
-        f"Published: {found['source']}; predicted: `paratrain plan`, hardware profile "
-        f"`{found['hardware']}`, one parameter set for every row.",
+        f"Suite `{found['suite']}`: published rows beside `paratrain plan`, each on its "
+        "system's hardware profile, one parameter set a profile.",
         "",
-        "| table | model, GPUs | layout, set-up | TPS/GPU | predicted | error | memory GiB "
-        "| predicted | error |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| source: table | model, GPUs | layout, set-up | profile | TPS/GPU | predicted | error "
+        "| memory GiB | predicted | error |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in found["rows"] + found["lent"]:
+    for r in found["rows"]:
+        mem = "-" if r["memory_gib"] is None else f"{r['memory_gib']:.1f}"
+        err = "-" if r["memory_error"] is None else f"{r['memory_error']:+.1%}"
+        err += " (known miss)" if r["memory_miss"] else ""
         lines.append(
-            f"| {r['table']} | {r['model']}, {r['gpus']} | {r['row']}; {r['setup']} | "
-            f"{r['tps']:,.0f} | {r['predicted_tps']:,.0f} | {r['tps_error']:+.1%} | "
-            f"{r['memory_gib']:.1f} | {r['predicted_gib']:.1f} | {r['memory_error']:+.1%} |"
+            f"| {r['source']}: {r['table']} | {r['model']}, {r['gpus']} | {r['row']}; "
+            f"{r['setup']} | {r['hardware']} | {r['tps']:,.0f} | {r['predicted_tps']:,.0f} | "
+            f"{r['tps_error']:+.1%} | {mem} | {r['predicted_gib']:.1f} | {err} |"
         )
     s = found["summary"]
+    worst_mem = s["worst_memory_error_bounded"]
     lines += [
         "",
-        f"Tables 1, 3, 4, 5: median TPS/GPU error {s['median_tps_error']:.1%}, worst "
-        f"{s['worst_tps_error']:.1%}; worst memory error {s['worst_memory_error']:.1%}; "
-        f"{s['rows_within_20']} of {s['rows']} rows within 20% on both. The H100 rows: one lent "
-        "H100 SXM 80 GB at 700 W (profile h100-sxm), torchtitan 0.2.2 and paratrain as "
-        "shipped, measured in benchmarks/results/2026-12-06-h100x1/issue53/.",
+        f"{s['rows']} rows from {s['sources']} sources on {', '.join(s['gpu_kinds'])}: median "
+        f"TPS/GPU error {s['median_tps_error']:.1%}, worst {s['worst_tps_error']:.1%}; memory "
+        f"on the {s['memory_rows']} rows that publish it: worst "
+        + ("-" if worst_mem is None else f"{worst_mem:.1%}")
+        + " but for the known misses.",
+        "",
+        "Sources:",
     ]
+    for src in found["sources"]:
+        lines.append(f"- {src['source']} ({src['date']}), {src['url']}: {src['system']}.")
     if terms:
         lines += ["", "Seconds a step by term:", ""]
-        keys = [k for k in found["rows"][0]["terms"]]
+        keys = list(found["rows"][0]["terms"])
         lines.append("| row | step | " + " | ".join(k.removesuffix("_s") for k in keys) + " |")
         lines.append("|---|---:|" + "---:|" * len(keys))
-        for r in found["rows"] + found["lent"]:
+        for r in found["rows"]:
             cells = " | ".join(f"{r['terms'][k]:.3f}" for k in keys)
-            lines.append(f"| {r['table']}: {r['row']} | {r['step_s']:.3f} | {cells} |")
+            lines.append(f"| {r['source']}: {r['row']} | {r['step_s']:.3f} | {cells} |")
     return "\n".join(lines)
