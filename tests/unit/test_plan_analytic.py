@@ -1,7 +1,6 @@
 """The analytic plan against hand-computed cases: each number is worked out in the
 comment beside it, so a changed formula fails here. Pure: no GPU, no model allocated."""
 
-import statistics
 from dataclasses import replace
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from paratrain.cli import main
 from paratrain.errors import UserError
 from paratrain.forecast import shapes
-from paratrain.forecast.analytic import hardware, search, validate
+from paratrain.forecast.analytic import hardware, search
 from paratrain.forecast.analytic import step as analytic
 from paratrain.forecast.analytic.step import Cut, Training, predict
 from paratrain.forecast.calibrated.model import bubble, collective_s
@@ -214,29 +213,6 @@ def test_layouts_refused_in_one_line():
         predict(B405, H100, Cut(512, tp=8, pp=8), Training(8192, 4, "full"))
 
 
-# The validation's errors as bounds (docs/tune-plan.md has the table): every row's TPS/GPU
-# within 20% of torchtitan's (12.0% as measured, 500 W's clock from the measured power curve),
-# their median within 10% (8.4%), memory within 20% but for the 405B 1F1B row (the doc says
-# which term misses it).
-def test_validation_errors_bounded():
-    found = validate.run()
-    rows = found["rows"]
-    assert len(rows) == 10
-    for r in rows:
-        assert abs(r["tps_error"]) <= 0.13, r["row"]
-        bound = 0.25 if r["row"].endswith(", 1F1B") else 0.20
-        assert abs(r["memory_error"]) <= bound, r["row"]
-    assert statistics.median(abs(r["tps_error"]) for r in rows) <= 0.10
-    # the shape of the tables: float8 faster than bf16, compile than eager, async TP than TP,
-    # interleaved than 1F1B, 128 GPUs a little slower than 8
-    tps = {(r["table"], r["row"]): r["predicted_tps"] for r in rows}
-    assert tps["1", "FSDP + compile + float8"] > tps["1", "FSDP + compile"] > tps["1", "FSDP"]
-    assert tps["3", "FSDP"] < tps["1", "FSDP"]
-    assert tps["4", "FSDP 32 x async TP 8"] > tps["4", "FSDP 32 x TP 8"]
-    five = [r["predicted_tps"] for r in rows if r["table"] == "5"]
-    assert five[1] / five[0] == pytest.approx(128 / 100, rel=0.05)
-
-
 def test_best_layout_search():
     b = search.best(B8, H100, 8)
     assert b["layout"] == "FSDP 8" and b["memory_gib"] <= H100.memory_gib
@@ -247,7 +223,7 @@ def test_best_layout_search():
 def test_cli_validate_and_layouts(capsys):
     assert main(["plan", "--validate", "torchtitan-h100"]) == 0
     out = capsys.readouterr().out
-    assert "| 5 | llama3.1-405b, 512 |" in out and "median TPS/GPU error" in out
+    assert "| torchtitan_2024_12: 5 | llama3.1-405b, 512 |" in out and "median TPS/GPU error" in out
     assert main(["plan", "--hardware", "h100-sxm", "--shape", "llama3.1-70b", "--gpus", "512"]) == 0
     out = capsys.readouterr().out
     assert "| 512 |" in out and "FSDP 512" in out
