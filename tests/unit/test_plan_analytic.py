@@ -226,7 +226,7 @@ def test_cli_validate_and_layouts(capsys):
     assert "| torchtitan_2024_12: 5 | llama3.1-405b, 512 |" in out and "median TPS/GPU error" in out
     assert main(["plan", "--hardware", "h100-sxm", "--shape", "llama3.1-70b", "--gpus", "512"]) == 0
     out = capsys.readouterr().out
-    assert "| 512 |" in out and "FSDP 512" in out
+    assert "| 512 |" in out and "to price it again" in out
     assert "at 500 W" not in out and out.rstrip().endswith("h100-sxm.toml")
     assert (
         main(["plan", "--hardware", "h100-hbm2e-500w", "--shape", "llama3.1-8b", "--gpus", "8"])

@@ -110,7 +110,7 @@ def test_json_has_the_step_its_terms_and_memory(capsys):
     assert found["tps_per_gpu"] == pytest.approx(16 * 8192 / 64 / found["step_s"])
     # what it takes for granted, said: the measured rates, an unfused loss, live tensors only
     assert any("h100-sxm-700w.rates.json" in a for a in found["assumes"])
-    assert any("loss over fp32 logits, eager" in a for a in found["assumes"])
+    assert any("loss compiled over bf16 logits" in a for a in found["assumes"])
     assert not any("float8" in a for a in found["assumes"])
     assert main([*args, *layout, "--float8", "--json"]) == 0
     eight = json.loads(capsys.readouterr().out)

@@ -27,28 +27,22 @@ def test_every_source_says_where_it_is_from_and_what_ran():
 
 
 def test_a_row_priced_through_the_command_line_is_the_suites_number(capsys):
-    """Each row names the `plan` flags that price it: where the row runs what the command
-    assumes (compiled, the eager loss, foreach AdamW), the command gives the suite's numbers."""
+    """Each row names the `plan` flags that price it: where the row runs what the command has
+    flags for, the command gives the suite's numbers."""
     found = validate.run("published")
     checked = 0
     for row, r in zip(validate.rows("published"), found["rows"], strict=True):
         t = row.training
-        if (
-            not t.compile
-            or t.loss != "eager"
-            or t.fused_optimizer
-            or t.lora
-            or r["source"] == "ibm_fsdp_2024_03"
-        ):
-            continue
-        if t.float8 and t.fp8_all_gather is False:
+        # what the command has no flag for: LoRA, fused AdamW, a bf16 all-gather under float8,
+        # a source's own network
+        if t.lora or t.fused_optimizer or t.fp8_all_gather is False or row.inter_gbps:
             continue
         assert main(["plan", *r["flags"].split(), "--json"]) == 0
         got = json.loads(capsys.readouterr().out)
         assert got["tps_per_gpu"] == pytest.approx(r["predicted_tps"]), r["row"]
         assert got["memory_gib"] == pytest.approx(r["predicted_gib"]), r["row"]
         checked += 1
-    assert checked >= 8
+    assert checked >= 20
 
 
 def test_a_typo_in_a_suite_row_is_refused(tmp_path, monkeypatch):

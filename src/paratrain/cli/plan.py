@@ -99,7 +99,10 @@ def add(sub) -> None:
         "takes the rest of the GPUs); without it, the best layout is searched",
     )
     paper.add_argument(
-        "--ac", choices=("none", "selective", "full"), help="--layout: activation checkpointing"
+        "--ac",
+        choices=("none", "selective", "full", "layer"),
+        help="--layout: activation checkpointing (selective: torchtitan's op policy; layer: every "
+        "second layer whole, torchtitan's selective layer)",
     )
     paper.add_argument(
         "--local-batch", type=int, help="--layout: sequences a data-parallel rank (default 1)"
@@ -108,6 +111,17 @@ def add(sub) -> None:
     paper.add_argument("--seq-len", type=int, help="tokens a sequence (default 8192)")
     paper.add_argument("--global-batch", type=int, help="sequences a step (default: one a GPU)")
     paper.add_argument("--float8", action="store_true", help="float8 linears (torchao's)")
+    paper.add_argument(
+        "--eager",
+        action="store_true",
+        help="priced without torch.compile (each op its own kernel; the loss eager too)",
+    )
+    paper.add_argument(
+        "--loss",
+        choices=("eager", "compiled", "fused"),
+        help="how the loss runs: eager over fp32 logits, compiled (torchtitan since 2025-04; "
+        "the default with compile), fused (paratrain's Triton loss)",
+    )
     paper.add_argument("--terms", action="store_true", help="--validate: each term's seconds")
     plan.set_defaults(func=command)
 
@@ -130,6 +144,8 @@ def _offline_only(args):
         ("--seq-len", args.seq_len),
         ("--global-batch", args.global_batch),
         ("--float8", args.float8),
+        ("--eager", args.eager),
+        ("--loss", args.loss),
         ("--terms", args.terms),
         ("--layout", args.layout),
         ("--ac", args.ac),
@@ -187,7 +203,14 @@ def paper(args: argparse.Namespace, command, offline) -> int:
         seq_len=args.seq_len or 8192,
         global_batch=args.global_batch,
         float8=args.float8,
+        compile=not args.eager,
+        loss=loss_of(args),
     )
+
+
+def loss_of(args: argparse.Namespace) -> str:
+    """--loss, or what the compile choice implies: compiled with torch.compile, else eager."""
+    return args.loss or ("eager" if args.eager else "compiled")
 
 
 def one_layout(args: argparse.Namespace, command, offline) -> int:
@@ -206,6 +229,8 @@ def one_layout(args: argparse.Namespace, command, offline) -> int:
         local_batch=args.local_batch or 1,
         seq_len=args.seq_len or 8192,
         float8=args.float8,
+        compile=not args.eager,
+        loss=loss_of(args),
         as_json=args.json,
     )
 

@@ -27,6 +27,8 @@ def run_layouts(
     seq_len: int,
     global_batch: int | None,
     float8: bool,
+    compile: bool = True,
+    loss: str = "compiled",
 ) -> int:
     hw = hardware.load(profile)
     shape = shapes.shape(shape_name)
@@ -35,8 +37,8 @@ def run_layouts(
     print(
         f"paratrain plan: {shape.name} ({shape.params / 1e9:,.1f}B parameters) on {hw.name} "
         f"({hw.description}); sequence {seq_len}, "
-        f"{'bf16 + float8 linears' if float8 else 'bf16'}, compiled; predicted from the "
-        "profile, no GPU"
+        f"{'bf16 + float8 linears' if float8 else 'bf16'}, {'compiled' if compile else 'eager'}"
+        f", the loss {loss}; predicted from the profile, no GPU"
     )
     header = "| GPUs | best layout | AC | local batch | TPS/GPU | memory GiB | step s | MFU |"
     print(header)
@@ -44,12 +46,18 @@ def run_layouts(
     named = None  # the largest scale's best, as the flags that price it again
     for n in gpus:
         try:
-            b = search.best(shape, hw, n, seq_len=seq_len, global_batch=global_batch, float8=float8)
+            b = search.best(
+                shape, hw, n, seq_len=seq_len, global_batch=global_batch, float8=float8,
+                compile=compile, loss=loss,
+            )  # fmt: skip
         except UserError as e:
             print(f"| {n} | {str(e).removeprefix('plan: ')} | | | | | | |")
             continue
         flags = f"--layout {b['cut'].as_flag()} " if b["cut"].as_flag() else ""
         named = f"--gpus {n} {flags}--local-batch {b['local_batch']} --ac {b['ac']}"
+        named += (" --eager" if not compile else "") + (
+            f" --loss {loss}" if loss != "compiled" else ""
+        )
         mfu = f"{b['mfu']:.0%}" if b["mfu"] else "-"
         print(
             f"| {n} | {b['layout']} | {b['ac']} | {b['local_batch']} | {b['tps_per_gpu']:,.0f} "
@@ -109,6 +117,8 @@ def run_layout(
     seq_len: int,
     float8: bool,
     as_json: bool,
+    compile: bool = True,
+    loss: str = "compiled",
 ) -> int:
     """The layout a user names, priced term by term: a table, or one JSON object."""
     hw = hardware.load(profile)
@@ -116,7 +126,7 @@ def run_layout(
     if float8 and not hw.fp8_tflops:
         raise UserError(f"--float8: {hw.name} has no float8 matmuls")
     cut = parse_cut(layout, gpus)
-    train = Training(seq_len, local_batch, ac, compile=True, float8=float8)
+    train = Training(seq_len, local_batch, ac, compile=compile, float8=float8, loss=loss)
     p = predict(shape, hw, cut, train)
     found = {
         "shape": shape.name,
@@ -129,6 +139,8 @@ def run_layout(
         "global_batch": local_batch * cut.dp,
         "seq_len": seq_len,
         "float8": float8,
+        "compile": compile,
+        "loss": loss,
         "tps_per_gpu": p["tps_per_gpu"],
         "step_s": p["step_s"],
         "memory_gib": p["memory_gib"],
@@ -148,7 +160,8 @@ def run_layout(
     print(
         f"paratrain plan: {shape.name} ({shape.params / 1e9:,.1f}B) on {gpus} x {hw.name}: "
         f"{p['layout']}, AC {ac}, local batch {local_batch} x {seq_len} "
-        f"({'bf16 + float8 linears' if float8 else 'bf16'}, compiled; from the profile, no GPU)"
+        f"({'bf16 + float8 linears' if float8 else 'bf16'}, {'compiled' if compile else 'eager'}"
+        f", the loss {loss}; from the profile, no GPU)"
     )
     mfu = f", MFU {p['mfu']:.0%}" if p["mfu"] else ""
     print(

@@ -71,6 +71,7 @@ def best(
     global_batch: int | None = None,
     float8: bool = False,
     compile: bool = True,
+    loss: str = "compiled",
 ) -> dict:
     """The fastest layout that fits, and how many were weighed; global batch default: one
     sequence a GPU."""
@@ -78,7 +79,7 @@ def best(
     tried, fits = 0, []
     for layout, local in layouts(shape, hw, gpus, batch):
         for ac in AC_MODES:
-            train = Training(seq_len, local, ac, compile=compile, float8=float8)
+            train = Training(seq_len, local, ac, compile=compile, float8=float8, loss=loss)
             p = predict(shape, hw, layout, train)
             tried += 1
             if p["fits"]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import tomllib
 
 from paratrain.errors import UserError
 from paratrain.forecast import shapes
@@ -155,7 +156,10 @@ def flags(r: Row) -> str:
         f"--layout {r.layout.as_flag()} --ac {t.ac} --local-batch {t.local_batch}",
         f"--seq-len {t.seq_len}",
     ]
-    return " ".join(words) + (" --float8" if t.float8 else "")
+    words += ["--float8"] if t.float8 else []
+    words += [] if t.compile else ["--eager"]
+    words += [] if t.loss == ("compiled" if t.compile else "eager") else [f"--loss {t.loss}"]
+    return " ".join(words)
 
 
 def _setup(t: Training) -> str:
