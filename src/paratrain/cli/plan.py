@@ -117,6 +117,11 @@ def add(sub) -> None:
         help="priced without torch.compile (each op its own kernel; the loss eager too)",
     )
     paper.add_argument(
+        "--attention",
+        choices=("flash", "cudnn"),
+        help="sdpa's attention kernel (default: the profile's, flash)",
+    )
+    paper.add_argument(
         "--loss",
         choices=("eager", "compiled", "fused"),
         help="how the loss runs: eager over fp32 logits, compiled (torchtitan since 2025-04; "
@@ -146,6 +151,7 @@ def _offline_only(args):
         ("--float8", args.float8),
         ("--eager", args.eager),
         ("--loss", args.loss),
+        ("--attention", args.attention),
         ("--terms", args.terms),
         ("--layout", args.layout),
         ("--ac", args.ac),
@@ -205,6 +211,7 @@ def paper(args: argparse.Namespace, command, offline) -> int:
         float8=args.float8,
         compile=not args.eager,
         loss=loss_of(args),
+        attention=args.attention,
     )
 
 
@@ -231,6 +238,7 @@ def one_layout(args: argparse.Namespace, command, offline) -> int:
         float8=args.float8,
         compile=not args.eager,
         loss=loss_of(args),
+        attention=args.attention,
         as_json=args.json,
     )
 

@@ -76,17 +76,18 @@ class Hardware:
         return flops / (rate * 1e12 * self.clock)
 
     def attention_s(
-        self, head_dim: int, heads: float, seq: int, tokens: float
+        self, head_dim: int, heads: float, seq: int, tokens: float, backend: str | None = None
     ) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention over `tokens` tokens in sequences of
-        `seq`, `heads` heads of `head_dim` on this GPU: forward 2 tokens seq heads head_dim
-        FLOPs (the causal half), backward 2.5 times that."""
+        `seq`, `heads` heads of `head_dim` on this GPU, with sdpa's `backend` (flash, cudnn;
+        default the profile's): forward 2 tokens seq heads head_dim FLOPs (the causal half),
+        backward 2.5 times that."""
         flops = 2 * tokens * seq * heads * head_dim
         table = self.rates
         if table is None:
             rate = self.attention_flops(head_dim)
             return flops / rate, 2.5 * flops / rate
-        fwd, bwd = table.attention_tflops(head_dim, heads, seq, self.attention_backend)
+        fwd, bwd = table.attention_tflops(head_dim, heads, seq, backend or self.attention_backend)
         return flops / (fwd * 1e12 * self.clock), 2.5 * flops / (bwd * 1e12 * self.clock)
 
     @property

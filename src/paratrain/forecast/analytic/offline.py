@@ -29,6 +29,7 @@ def run_layouts(
     float8: bool,
     compile: bool = True,
     loss: str = "compiled",
+    attention: str | None = None,
 ) -> int:
     hw = hardware.load(profile)
     shape = shapes.shape(shape_name)
@@ -48,7 +49,7 @@ def run_layouts(
         try:
             b = search.best(
                 shape, hw, n, seq_len=seq_len, global_batch=global_batch, float8=float8,
-                compile=compile, loss=loss,
+                compile=compile, loss=loss, attention=attention,
             )  # fmt: skip
         except UserError as e:
             print(f"| {n} | {str(e).removeprefix('plan: ')} | | | | | | |")
@@ -101,7 +102,7 @@ def assumptions(train: Training, hw) -> list[str]:
         )
     if hw.rates is not None:
         said.append(
-            f"each GEMM and {hw.attention_backend} attention at its measured rate ({hw.rates.path.rsplit('/', 1)[-1]})"
+            f"each GEMM and {train.attention or hw.attention_backend} attention at its measured rate ({hw.rates.path.rsplit('/', 1)[-1]})"
         )
     return said
 
@@ -119,6 +120,7 @@ def run_layout(
     as_json: bool,
     compile: bool = True,
     loss: str = "compiled",
+    attention: str | None = None,
 ) -> int:
     """The layout a user names, priced term by term: a table, or one JSON object."""
     hw = hardware.load(profile)
@@ -126,7 +128,9 @@ def run_layout(
     if float8 and not hw.fp8_tflops:
         raise UserError(f"--float8: {hw.name} has no float8 matmuls")
     cut = parse_cut(layout, gpus)
-    train = Training(seq_len, local_batch, ac, compile=compile, float8=float8, loss=loss)
+    train = Training(
+        seq_len, local_batch, ac, compile=compile, float8=float8, loss=loss, attention=attention
+    )
     p = predict(shape, hw, cut, train)
     found = {
         "shape": shape.name,

@@ -72,6 +72,7 @@ def best(
     float8: bool = False,
     compile: bool = True,
     loss: str = "compiled",
+    attention: str | None = None,
 ) -> dict:
     """The fastest layout that fits, and how many were weighed; global batch default: one
     sequence a GPU."""
@@ -79,7 +80,9 @@ def best(
     tried, fits = 0, []
     for layout, local in layouts(shape, hw, gpus, batch):
         for ac in AC_MODES:
-            train = Training(seq_len, local, ac, compile=compile, float8=float8, loss=loss)
+            train = Training(
+                seq_len, local, ac, compile=compile, float8=float8, loss=loss, attention=attention
+            )
             p = predict(shape, hw, layout, train)
             tried += 1
             if p["fits"]:

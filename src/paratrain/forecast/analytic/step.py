@@ -54,6 +54,7 @@ AC_MODES = ("none", "selective", "full")  # what the search weighs and --ac name
 # every second layer checkpointed whole, the others keep everything; published rows use it
 LAYER_AC = "layer"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ATTENTION = ("flash", "cudnn")  # sdpa's kernels the rates tables hold
 
 # HBM bytes per token of a layer's forward memory-bound ops, as multiples of the widths they
 # touch (bf16 activations). Eager: RMSNorm in fp32 (cast, square, mean, scale, cast back, weight:
@@ -142,6 +143,7 @@ class Training:
     fp8_all_gather: bool | None = None  # None: on with float8 (torchtitan's 405B setting)
     lora: bool = False  # frozen bf16 weights, small adapters: no weight gradients, no optimizer
     loss: str = "eager"  # eager (torchtitan 2024), compiled (torchtitan 0.2.2), fused: LOSS
+    attention: str | None = None  # sdpa's kernel: flash, cudnn (None: the profile's)
     fused_optimizer: bool = False  # one AdamW kernel (torchtitan 2024: foreach)
 
     @property
@@ -205,6 +207,8 @@ def check(shape: Shape, layout: Cut, train: Training) -> None:
     """One line for a layout the model cannot be cut into."""
     if train.ac not in (*AC_MODES, LAYER_AC):
         raise UserError(f"activation checkpointing: {train.ac!r}; choose {', '.join(AC_MODES)}")
+    if train.attention not in (None, *ATTENTION):
+        raise UserError(f"attention: {train.attention!r}; choose {', '.join(ATTENTION)}")
     if train.loss not in LOSS:
         raise UserError(f"loss: {train.loss!r}; choose {', '.join(LOSS)}")
     if layout.schedule not in SCHEDULES:
@@ -281,7 +285,7 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
     # frozen weights (LoRA): the input's gradient only
     mm = mm_s["forward"] + mm_s["grad_input"] + (0.0 if train.lora else mm_s["grad_weight"])
     recompute_mm = mm_s["forward"] * r  # the share of the forward's FLOPs run again
-    att_fwd, att_bwd = hw.attention_s(shape.head_dim, shape.heads / tp, s, tokens)
+    att_fwd, att_bwd = hw.attention_s(shape.head_dim, shape.heads / tp, s, tokens, train.attention)
     att_again = att_fwd * full_share(train.ac)
     widths = COMPILED if train.compile else EAGER
     per_token = widths["hidden"] * h + widths["kv"] * kv + widths["ffn"] * f

@@ -159,6 +159,7 @@ def flags(r: Row) -> str:
     words += ["--float8"] if t.float8 else []
     words += [] if t.compile else ["--eager"]
     words += [] if t.loss == ("compiled" if t.compile else "eager") else [f"--loss {t.loss}"]
+    words += [f"--attention {t.attention}"] if t.attention else []
     return " ".join(words)
 
 
