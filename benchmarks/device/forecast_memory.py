@@ -34,6 +34,8 @@ def training_of(recipe: str, overrides: str) -> tuple[str, Training]:
     batch = int(words.get("data.batch_size", batch))
     if words.get("train.activation_checkpointing") == "true":
         kw = {**kw, "ac": "full"}
+    if words.get("train.sdpa_backend") in ("flash", "cudnn"):
+        kw = {**kw, "attention": words["train.sdpa_backend"]}
     return shape, Training(seq, batch, **kw)
 
 
@@ -54,6 +56,7 @@ def rows(runs: Path, done: list[str]) -> list[dict]:
                 "batch": train.local_batch,
                 "seq": train.seq_len,
                 "ac": train.ac,
+                "attention": train.attention or hw.attention_backend,
                 "tokens_per_s": s.get("tokens_per_s"),
                 "predicted_tps": p["tps_per_gpu"],
                 "allocated_gib": s["peak_memory_bytes"] / 2**30,
@@ -69,7 +72,7 @@ def rows(runs: Path, done: list[str]) -> list[dict]:
 
 def table(found: list[dict]) -> str:
     lines = [
-        "| run | batch x seq, AC | tokens/s | forecast | error | allocated GiB | reserved GiB "
+        "| run | batch x seq, AC, attention | tokens/s | forecast | error | allocated GiB | reserved GiB "
         "| forecast GiB (state + activations + peak) | vs reserved |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -78,7 +81,7 @@ def table(found: list[dict]) -> str:
         err = f"{r['predicted_tps'] / tps - 1:+.1%}" if tps else "-"
         res = r["reserved_gib"]
         lines.append(
-            f"| {r['run']} | {r['batch']} x {r['seq']}, {r['ac']} | {tps:,.0f} | "
+            f"| {r['run']} | {r['batch']} x {r['seq']}, {r['ac']}, {r['attention']} | {tps:,.0f} | "
             f"{r['predicted_tps']:,.0f} | {err} | {r['allocated_gib']:.1f} | {res:.1f} | "
             f"{r['predicted_gib']:.1f} ({r['state_gib']:.1f} + {r['activation_gib']:.1f} + "
             f"{r['peak_gib']:.1f}) | {(r['predicted_gib'] / res - 1) if res else 0:+.1%} |"

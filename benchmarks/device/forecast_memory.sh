@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 61 item 3 on one GPU (about 8 minutes): the memory the caching allocator holds
+# Issue 61 item 3 on one GPU (about 9 minutes): the memory the caching allocator holds
 # (torch.cuda.max_memory_reserved) and the tensors' own peak (max_memory_allocated) of paratrain's
 # 1B full and 8B LoRA recipes at several batch sizes, sequence lengths and AC modes, each beside
 # the analytic forecast (`paratrain plan --hardware h100-sxm`); the two recipes as shipped first
@@ -14,6 +14,8 @@ short="--set train.max_steps=12 --set train.warmup_steps=4"
 # label|recipe|overrides
 RUNS=${RUNS:-"1b_b8|llama3.2_1b_full_random|--set train.profile_steps=3
 8b_lora_b2|llama3_8b_lora_random|--set train.profile_steps=3
+1b_b8_flash|llama3.2_1b_full_random|--set train.sdpa_backend=flash $short
+1b_b8_cudnn|llama3.2_1b_full_random|--set train.sdpa_backend=cudnn $short
 1b_b4|llama3.2_1b_full_random|--set data.batch_size=4 $short
 1b_b12|llama3.2_1b_full_random|--set data.batch_size=12 $short
 8b_lora_b4|llama3_8b_lora_random|--set data.batch_size=4 $short
