@@ -39,8 +39,16 @@ def training_of(recipe: str, overrides: str) -> tuple[str, Training]:
     return shape, Training(seq, batch, **kw)
 
 
+def profile_here() -> str:
+    """The shipped profile of the GPU this runs on (an H200 or an H100 SXM is lent)."""
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    return "h200" if "H200" in name else "h100-sxm"
+
+
 def rows(runs: Path, done: list[str]) -> list[dict]:
-    hw = hardware.load("h100-sxm")
+    hw = hardware.load(profile_here())
     out = []
     for line in done:
         label, recipe, over = line.split("|", 2)
@@ -51,6 +59,7 @@ def rows(runs: Path, done: list[str]) -> list[dict]:
         out.append(
             {
                 "run": label,
+                "profile": hw.name,
                 "recipe": recipe,
                 "overrides": over,
                 "batch": train.local_batch,
