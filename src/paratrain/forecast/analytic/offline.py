@@ -89,7 +89,7 @@ def assumptions(train: Training, hw) -> list[str]:
         "torchtitan's pipeline schedules and FSDP2 (weights, gradients, AdamW's moments in fp32)",
         {
             "eager": "the loss over fp32 logits, eager (torchtitan 2024's)",
-            "compiled": "the loss compiled over bf16 logits (torchtitan 0.2.2's)",
+            "compiled": "the loss compiled over bf16 logits (torchtitan's since 2025-04)",
             "fused": "a fused loss (the gradient written in its forward)",
         }[train.loss],
         "foreach AdamW" if not train.fused_optimizer else "fused AdamW",

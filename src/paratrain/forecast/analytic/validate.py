@@ -206,7 +206,8 @@ def table(found: dict, terms: bool = False) -> str:
         "Sources:",
     ]
     for src in found["sources"]:
-        lines.append(f"- {src['source']} ({src['date']}), {src['url']}: {src['system']}.")
+        system = " ".join(src["system"].split())
+        lines.append(f"- {src['source']} ({src['date']}), {src['url']}: {system}.")
     if terms:
         lines += ["", "Seconds a step by term:", ""]
         keys = list(found["rows"][0]["terms"])
