@@ -425,9 +425,15 @@ def saved_per_token(shape: Shape, train: Training) -> float:
         return (2 * h + saved_per_token(shape, replace(train, ac="none"))) / 2
     if train.ac == "selective":  # the layer's input, q, v, attention's output, gate, down
         return 2 * (4 * h + kv + f)
+    # LoRA (the base weights frozen; adapters on q, v, o as paratrain's recipes put them): a
+    # frozen linear keeps no input for a weight gradient, so the MLP's down projection saves
+    # nothing; eagerly peft's adapters keep two copies of the width more (measured on the CPU,
+    # autograd's own saves: benchmarks/cpu/saved_activations.py, 2026-12-07-cpu/saved_activations)
+    lora_less = 2 * f if train.lora else 0
     if train.compile:  # inductor's partition keeps the matmuls' inputs and attention's
-        return 2 * (5 * h + 2 * kv + 3 * f)
-    return 2 * (6 * h + 2 * kv + 4 * f) + 16 * h  # every op's, and eager RMSNorm's fp32 ones
+        return 2 * (5 * h + 2 * kv + 3 * f) - lora_less
+    # every op's, and eager RMSNorm's fp32 inputs (measured: 20 h + 4 kv + 8 f bytes on the CPU)
+    return 2 * (6 * h + 2 * kv + 4 * f) + 8 * h - lora_less + (4 * h if train.lora else 0)
 
 
 def in_flight(layout: Cut, r: int) -> float:
