@@ -15,7 +15,6 @@ short="--set train.max_steps=12 --set train.warmup_steps=4"
 RUNS=${RUNS:-"1b_b8|llama3.2_1b_full_random|--set train.profile_steps=3
 8b_lora_b2|llama3_8b_lora_random|--set train.profile_steps=3
 1b_b8_flash|llama3.2_1b_full_random|--set train.sdpa_backend=flash $short
-1b_b8_cudnn|llama3.2_1b_full_random|--set train.sdpa_backend=cudnn $short
 1b_b4|llama3.2_1b_full_random|--set data.batch_size=4 $short
 1b_b12|llama3.2_1b_full_random|--set data.batch_size=12 $short
 8b_lora_b4|llama3_8b_lora_random|--set data.batch_size=4 $short
