@@ -74,6 +74,7 @@ def rows(runs: Path, done: list[str]) -> list[dict]:
                 "state_gib": m["state_bytes"] / 2**30,
                 "activation_gib": m["activation_bytes"] / 2**30,
                 "peak_gib": m["peak_bytes"] / 2**30,
+                "floor": s.get("floor"),  # train.floor's: the step's matmuls + attention alone
             }
         )
     return out

@@ -306,6 +306,39 @@ class StepContext:
 
 
 @dataclass(frozen=True)
+class Matmul:
+    """One GEMM a training step runs `count` times: (M, N, K) as torch calls it."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Causal attention's forward and backward over `batch` sequences of `seq` tokens, `heads`
+    query heads sharing `kv_heads` key-value heads of `head_dim`, `count` times a step."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    count: int = 1
+
+
+def linear_matmuls(
+    tokens: int, fan_in: int, fan_out: int, *, weight_grad: bool = True, count: int = 1
+) -> list[Matmul]:
+    """A linear layer's GEMMs in one training step as torch runs them: the forward X W^T
+    (tokens, out, in), the input's gradient dY W (tokens, in, out) and, where the weight trains,
+    its gradient dY^T X (out, in, tokens)."""
+    out = [Matmul(tokens, fan_out, fan_in, count), Matmul(tokens, fan_in, fan_out, count)]
+    return out + ([Matmul(fan_out, fan_in, tokens, count)] if weight_grad else [])
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a task's build returns: everything the trainer runs, nothing about how it is laid
     over the ranks. Frozen: what the trainer learns later (the run folder) is the build
@@ -349,6 +382,9 @@ class Workload:
     """Repeated units (decoder layers, the chunked loss): torch.compile compiles each in place
     instead of the whole model, so one graph serves every layer and the wrapper code (peft, the
     loss) stays eager."""
+    floor: tuple[Matmul | Attention, ...] | None = None
+    """The matmuls and attention one training step must do (the model's own shapes at the
+    run's batch): train.floor times them alone here, the step's floor (meters/floor.py)."""
 
 
 def unwrap(model: nn.Module) -> nn.Module:

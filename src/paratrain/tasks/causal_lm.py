@@ -291,6 +291,7 @@ class CausalLM:
             evaluate=self.evaluate,
             pipeline=PIPELINE,
             flops_per_token=spec.flops_per_token(model, seq_len, cfg.lora.enabled),
+            floor=spec.step_work(model, d.batch_size, seq_len) if cfg.train.floor else None,
             finish=self.finish if cfg.lora.enabled else None,
             compile_units=compile_units(model, spec, cfg.train.compile_scope, layout.tp_enabled),
             info=facts(self.ctx, model, self.train_rows),

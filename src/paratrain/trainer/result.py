@@ -402,7 +402,7 @@ def print_summary(result: dict[str, Any]) -> None:
         f"{s['optimizer_steps']} steps, {s['train_s']:.1f} s training, {rate}, {held}, "
         f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_kind']})"
         f"{reserved_words(s.get('peak_reserved_bytes'))}"
-        f"{energy_line(s.get('energy'))}\n"
+        f"{energy_line(s.get('energy'))}{floor_words(s.get('floor'))}\n"
         f"paratrain: results in {result['output_dir']}/result.json",
         flush=True,
     )
@@ -425,6 +425,36 @@ def _version() -> str:
     from paratrain.version import __version__
 
     return __version__
+
+
+def floor_of(built, k: int, result: dict[str, Any]) -> dict[str, Any]:
+    """train.floor: the matmuls and attention of one optimizer step (k micro-batches) timed
+    alone on this device in the run's compute dtype, beside the measured step. Whole models
+    only (one process, or DDP's replicas): a sharded or split model's shapes are not its
+    ranks' (said so instead)."""
+    whole = built.wrapper in (None, "ddp") and built.dims.tp == 1 and built.dims.pp == 1
+    if not whole or built.split:
+        return {"skipped": "a sharded or split model's ranks run other shapes than the model's"}
+    from paratrain.meters import floor as floors
+
+    precision = built.cfg.precision
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    found = floors.floor(built.work.floor, built.env.device, dtype)
+    found = {key: value * k for key, value in found.items()}
+    step = result["summary"]["step_time_s"]
+    return {**found, "dtype": str(dtype).removeprefix("torch."), "step_s": step,
+            "above": step / found["floor_s"] - 1 if found["floor_s"] else None}  # fmt: skip
+
+
+def floor_words(floor: dict[str, Any] | None) -> str:
+    """The summary's floor line, or nothing."""
+    if not floor:
+        return ""
+    if "skipped" in floor:
+        return f"\nparatrain: floor not timed ({floor['skipped']})"
+    from paratrain.meters.floor import words
+
+    return f"\nparatrain: {words(floor, floor['step_s'])}"
 
 
 def reserved_words(reserved: int | None) -> str:

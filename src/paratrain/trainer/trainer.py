@@ -291,6 +291,8 @@ class Trainer:
             checkpoints=self.checkpoints.stats,
             step_times=measure.stalls.times,  # each step's seconds, as the stall meter saw them
         )
+        if built.work.floor:  # train.floor: the step's matmuls and attention timed alone
+            result["summary"]["floor"] = results.floor_of(built, self.schedule.k, result)
         if built.env.is_main:
             metrics.write_json(built.out_dir / "result.json", result)
             results.print_summary(result)

@@ -29,7 +29,7 @@ from paratrain.errors import UserError
 from paratrain.models.causal_lm.build import decoder_layers
 from paratrain.models.causal_lm.family import decoder_of, family_of, family_parts
 from paratrain.models.causal_lm.tp_styles import adapter_plan, block_io, ends_plan  # noqa: F401
-from paratrain.protocols import FamilyTraits
+from paratrain.protocols import Attention, FamilyTraits, linear_matmuls
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -231,6 +231,27 @@ class CausalLMSpec:
             return 6 * base + attention
         adapters = sum(p.numel() for n, p in inner.named_parameters() if "lora_" in n)
         return 4 * base + attention + 6 * adapters
+
+    def step_work(self, model: nn.Module, batch: int, seq_len: int) -> tuple | None:
+        """The matmuls and attention one training step must do (Workload.floor): every
+        nn.Linear of the model at batch x seq_len tokens (forward, the input's gradient, the
+        weight's where it trains; peft's adapters left out: rank-r, a rounding error), and each
+        layer's causal attention. None for a family whose layers are not nn.Linear (GPT-2's
+        Conv1D)."""
+        inner = base_model(model)
+        cfg = inner.config
+        if not family_of(inner).analytic:
+            return None
+        tokens, work = batch * seq_len, []
+        for name, m in inner.named_modules():
+            if isinstance(m, nn.Linear) and "lora_" not in name:
+                out_f, in_f = m.weight.shape
+                work += linear_matmuls(tokens, in_f, out_f, weight_grad=m.weight.requires_grad)
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        work.append(Attention(batch, heads, kv, seq_len, head_dim, cfg.num_hidden_layers))
+        return tuple(work)
 
 
 def _prefixed(model: nn.Module, base: nn.Module, plan: dict) -> dict:
