@@ -12,7 +12,7 @@ BUDGET=${BUDGET:-560}
 source "$(dirname "$0")/setup.sh"  # wheels, paths, machine.txt
 short="--set train.max_steps=12 --set train.warmup_steps=4"
 # label|recipe|overrides
-RUNS=${RUNS:-"1b_b8|llama3.2_1b_full_random|--set train.profile_steps=3
+RUNS=${RUNS:-"1b_b8|llama3.2_1b_full_random|--set train.profile_steps=3 --set train.floor=true
 8b_lora_b2|llama3_8b_lora_random|--set train.profile_steps=3 --set train.floor=true
 1b_b8_flash|llama3.2_1b_full_random|--set train.sdpa_backend=flash $short
 1b_b4|llama3.2_1b_full_random|--set data.batch_size=4 $short
