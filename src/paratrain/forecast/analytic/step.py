@@ -48,6 +48,7 @@ from paratrain.errors import UserError
 from paratrain.forecast.analytic.hardware import Hardware
 from paratrain.forecast.calibrated.model import bubble
 from paratrain.forecast.shapes import Shape
+from paratrain.protocols import linear_matmuls
 
 AC_MODES = ("none", "selective", "full")  # what the search weighs and --ac names
 # torchtitan's "selective layer" (selective_ac_option = 2, and fms-fsdp's every-second-block):
@@ -262,9 +263,9 @@ def gemms(shape: Shape, tokens: int, tp: int) -> dict[str, list[tuple[int, int, 
     }
     for name, (i, o) in shape.linears().items():
         i, o = (i, o // tp) if name in COLUMN_PARALLEL else (i // tp, o)
-        out["forward"].append((tokens, o, i))
-        out["grad_input"].append((tokens, i, o))
-        out["grad_weight"].append((o, i, tokens))
+        forward, grad_input, grad_weight = linear_matmuls(tokens, i, o)
+        for kind, g in zip(out, (forward, grad_input, grad_weight), strict=True):
+            out[kind].append((g.m, g.n, g.k))
     return out
 
 
