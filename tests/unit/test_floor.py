@@ -60,3 +60,11 @@ def test_a_run_prints_its_floor_beside_its_step(tmp_path, capsys):
     assert floor["floor_s"] == pytest.approx(floor["matmul_s"] + floor["attention_s"])
     assert floor["step_s"] == result["summary"]["step_time_s"] and floor["dtype"] == "float32"
     assert "paratrain: floor " in capsys.readouterr().out
+
+
+def test_bench_says_the_step_beside_its_floor():
+    from paratrain.bench.execute import floor_words
+
+    line = floor_words({"floor_s": 0.2, "step_s": 0.25, "above": 0.25})
+    assert line == "; step 250.0 ms, floor 200.0 ms (+25% above it)"
+    assert floor_words(None) == "" and floor_words({"skipped": "sharded"}) == ""

@@ -225,6 +225,7 @@ def run_sweep(
             line = f"[{i + 1}/{len(todo)}] {what}: {row.status}"
             if row.status == "ok" and row.unique_samples_per_s:
                 line += f", {row.unique_samples_per_s:,.1f} unique samples/s"
+                line += floor_words((row.metrics or {}).get("floor"))
             elif row.error:
                 line += f" ({row.error.splitlines()[-1][:200]})"
             (bar.console.print(line, highlight=False) if bar else print(line, flush=True))
@@ -235,6 +236,16 @@ def run_sweep(
         if bar:
             bar.stop()
     return counts
+
+
+def floor_words(floor: dict | None) -> str:
+    """A row run with train.floor: its step beside the floor (its matmuls and attention alone)."""
+    if not floor or "floor_s" not in floor:
+        return ""
+    return (
+        f"; step {floor['step_s'] * 1e3:,.1f} ms, floor {floor['floor_s'] * 1e3:,.1f} ms "
+        f"({floor['above']:+.0%} above it)"
+    )
 
 
 def _describe(params: dict) -> str:
