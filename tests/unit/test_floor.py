@@ -18,13 +18,15 @@ def test_a_linear_is_three_gemms_and_a_frozen_one_two():
     # forward X W^T, the input's gradient dY W, the weight's gradient dY^T X
     assert linear_matmuls(16, 4, 8) == [Matmul(16, 8, 4), Matmul(16, 4, 8), Matmul(8, 4, 16)]
     assert linear_matmuls(16, 4, 8, weight_grad=False) == [Matmul(16, 8, 4), Matmul(16, 4, 8)]
-    # the forecast prices the same GEMMs (an 8B layer at TP 1)
-    eight = shapes.shape("llama3.1-8b")
-    got = gemms(eight, 4096, 1)
-    want = [m for i, o in eight.linears().values() for m in linear_matmuls(4096, i, o)]
-    assert sorted(got["forward"] + got["grad_input"] + got["grad_weight"]) == sorted(
-        (m.m, m.n, m.k) for m in want
-    )
+    # the forecast prices the same GEMMs: an 8B layer's q (4096 -> 4096) and down (14336 ->
+    # 4096) at 4,096 tokens, and at TP 2 q split by its outputs, down by its inputs
+    got = gemms(shapes.shape("llama3.1-8b"), 4096, 1)
+    assert got["forward"][0] == (4096, 4096, 4096) and got["forward"][-1] == (4096, 4096, 14336)
+    assert got["grad_input"][-1] == (4096, 14336, 4096)
+    assert got["grad_weight"][-1] == (4096, 14336, 4096)
+    split = gemms(shapes.shape("llama3.1-8b"), 4096, 2)
+    assert split["forward"][0] == (4096, 2048, 4096)
+    assert split["forward"][-1] == (4096, 4096, 7168)
 
 
 def test_each_shape_timed_once_and_counted_as_often_as_it_runs(monkeypatch):

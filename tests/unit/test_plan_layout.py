@@ -206,3 +206,21 @@ def test_a_config_naming_its_own_head_width_is_priced_with_it():
     assert 0.59e9 < s.params < 0.61e9
     without = shapes.from_config("llama-like", {**qwen3, "model_type": "llama", "head_dim": None})
     assert without.head_dim == 64 and without.linears()["q"] == (1024, 1024)
+
+
+def test_the_search_names_its_training_flags_back(capsys):
+    """An eager search with the compiled loss named: its hint says both, and gives its number."""
+    shape = ["--hardware", "h100-sxm", "--shape", "llama3.1-8b"]
+    extra = ["--eager", "--loss", "compiled", "--attention", "flash", "--seq-len", "4096"]
+    assert main(["plan", *shape, "--gpus", "16", *extra]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "to price it again" in x)
+    flags = line.split(": ", 1)[1].split(" (with")[0].split()
+    for word in ("--eager", "compiled", "flash", "4096"):
+        assert word in flags, (word, flags)
+    row = next(x for x in out.splitlines() if x.startswith("| 16 |"))
+    tps = float(row.split("|")[5].replace(",", ""))
+    assert main(["plan", *shape, *flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tps_per_gpu"] == pytest.approx(tps, abs=0.5)
+    with pytest.raises(UserError, match="fsdp takes no value"):
+        parse_cut("fsdp=2", 8)

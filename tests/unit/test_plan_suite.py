@@ -60,23 +60,34 @@ def test_a_typo_in_a_suite_row_is_refused(tmp_path, monkeypatch):
         validate.source.cache_clear()
 
 
-# The errors as bounds: torchtitan's December 2024 tables and the lent rows (the first suite)
-# as before this issue's rework within 16% each, median 10%; memory within 20% but for the
-# 405B 1F1B row (a documented miss); the published suite's median within 10%.
+# The errors as bounds, as they stand (docs/tune-plan.md): torchtitan's December 2024 tables
+# and the lent rows within 16% each (the worst, +15.7%, a 128-GPU row), median within 10%;
+# memory within 20% on every row that publishes it but the 405B 1F1B row (a documented miss,
+# -22.5%); the published suite's median within 10% (9.8%; issue 61 asks 8%: not met).
 def test_validation_errors_bounded():
     rows = validate.run("torchtitan-h100")["rows"]
     for r in rows:
         assert abs(r["tps_error"]) <= 0.16, r["row"]
-        if r["memory_error"] is not None and not r["memory_miss"]:
-            assert abs(r["memory_error"]) <= 0.27, r["row"]
     assert statistics.median(abs(r["tps_error"]) for r in rows) <= 0.10
-    every = validate.run("published")["summary"]
-    assert every["median_tps_error"] <= 0.10
+    every = validate.run("published")
+    for r in every["rows"]:
+        if r["memory_error"] is not None and not r["memory_miss"]:
+            assert abs(r["memory_error"]) <= 0.20, r["row"]
+    assert every["summary"]["median_tps_error"] <= 0.10
     # the shape of the tables: float8 faster than bf16, compile than eager, async TP than TP,
-    # interleaved than 1F1B, 128 GPUs within a few percent of 8 (torchtitan: 2.7% slower)
+    # interleaved than 1F1B. 128 GPUs against 8: torchtitan measured 2.7% slower; the model
+    # hides nearly all of FSDP's collectives at both and gives 128 the smaller optimizer
+    # shard, so it says 1% faster (what makes 128 slower is in no term): within 3% either way
     tps = {(r["table"], r["row"]): r["predicted_tps"] for r in rows}
     assert tps["1", "FSDP + compile + float8"] > tps["1", "FSDP + compile"] > tps["1", "FSDP"]
     assert tps["3", "FSDP"] / tps["1", "FSDP"] == pytest.approx(1, abs=0.03)
     assert tps["4", "FSDP 32 x async TP 8"] > tps["4", "FSDP 32 x TP 8"]
     five = [r["predicted_tps"] for r in rows if r["table"] == "5"]
     assert five[1] / five[0] == pytest.approx(128 / 100, rel=0.05)
+
+
+def test_the_flags_name_the_profile_a_row_was_priced_on():
+    found = validate.run("torchtitan-h100", "h100-sxm")
+    assert all(r["flags"].startswith("--hardware h100-sxm ") for r in found["rows"])
+    out = validate.table(validate.run("torchtitan-h100"), terms=True)
+    assert "`--hardware h100-hbm2e-500w --shape llama3.1-8b --gpus 8 --layout fsdp" in out

@@ -240,7 +240,7 @@ def run_sweep(
 
 def floor_words(floor: dict | None) -> str:
     """A row run with train.floor: its step beside the floor (its matmuls and attention alone)."""
-    if not floor or "floor_s" not in floor:
+    if not floor or not floor.get("floor_s") or floor.get("above") is None:
         return ""
     return (
         f"; step {floor['step_s'] * 1e3:,.1f} ms, floor {floor['floor_s'] * 1e3:,.1f} ms "

@@ -79,7 +79,8 @@ def add(sub) -> None:
     paper.add_argument(
         "--validate",
         metavar="SUITE",
-        help="print a published table beside the analytic prediction (torchtitan-h100)",
+        help="print a suite of published rows beside the analytic prediction: published (all "
+        "sources), torchtitan-h100 (torchtitan's Dec 2024 H100 tables and the lent H100 rows)",
     )
     paper.add_argument(
         "--hardware",
@@ -96,7 +97,8 @@ def add(sub) -> None:
         "--layout",
         help="one layout to price at --gpus N, comma-separated: tp=T, pp=P, dp_replicate=R, "
         "async_tp, schedule={gpipe,1f1b,interleaved}, stages_per_rank=V, microbatches=M (FSDP "
-        "takes the rest of the GPUs); without it, the best layout is searched",
+        "takes the rest of the GPUs; fsdp alone: FSDP over all); without it, the best layout is "
+        "searched",
     )
     paper.add_argument(
         "--ac",
@@ -119,7 +121,8 @@ def add(sub) -> None:
     paper.add_argument(
         "--attention",
         choices=("flash", "cudnn"),
-        help="sdpa's attention kernel (default: the profile's, flash)",
+        help="sdpa's attention kernel (default: the profile's; cudnn on h100-sxm and h200, what "
+        "torch 2.11 picks there; flash for stacks before it)",
     )
     paper.add_argument(
         "--loss",
@@ -215,9 +218,10 @@ def paper(args: argparse.Namespace, command, offline) -> int:
     )
 
 
-def loss_of(args: argparse.Namespace) -> str:
-    """--loss, or what the compile choice implies: compiled with torch.compile, else eager."""
-    return args.loss or ("eager" if args.eager else "compiled")
+def loss_of(args: argparse.Namespace) -> str | None:
+    """--loss, or None: what the compile choice implies (compiled with torch.compile, else
+    eager; forecast/analytic/step.py implied_loss)."""
+    return args.loss
 
 
 def one_layout(args: argparse.Namespace, command, offline) -> int:

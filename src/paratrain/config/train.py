@@ -92,8 +92,8 @@ class TrainConfig:
     all-reduce. 0: Python's automatic collection."""
     floor: bool = False
     """At the end, time the matmuls and attention one step must do, each alone on this device
-    (meters/floor.py), and print the step beside that floor (result.json summary.floor). One
-    process; causal LMs of Llama-style families."""
+    (meters/floor.py), and print the step beside that floor (result.json summary.floor). Whole
+    models (one process or DDP's replicas); causal LMs of Llama-style families."""
     profile_steps: int = 0
     """Profile this many steps right after warm-up (torch.profiler): profile.txt in the output
     folder, the top operators in result.json. Throughput is measured after them."""

@@ -446,6 +446,19 @@ def floor_of(built, k: int, result: dict[str, Any]) -> dict[str, Any]:
             "above": step / found["floor_s"] - 1 if found["floor_s"] else None}  # fmt: skip
 
 
+def floor_or_why(built, k: int, result: dict[str, Any]) -> dict[str, Any]:
+    """floor_of, or why it was not timed: the run is over and its result must be written, so a
+    floor that does not fit beside the trained model (a GEMM as big as the whole logits, which a
+    chunked loss never makes) is said, not raised."""
+    try:
+        return floor_of(built, k, result)
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if built.env.device.type == "cuda":
+            torch.cuda.empty_cache()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {"skipped": f"timing it failed beside the trained model: {first[:200]}"}
+
+
 def floor_words(floor: dict[str, Any] | None) -> str:
     """The summary's floor line, or nothing."""
     if not floor:

@@ -292,7 +292,7 @@ class Trainer:
             step_times=measure.stalls.times,  # each step's seconds, as the stall meter saw them
         )
         if built.work.floor:  # train.floor: the step's matmuls and attention timed alone
-            result["summary"]["floor"] = results.floor_of(built, self.schedule.k, result)
+            result["summary"]["floor"] = results.floor_or_why(built, self.schedule.k, result)
         if built.env.is_main:
             metrics.write_json(built.out_dir / "result.json", result)
             results.print_summary(result)

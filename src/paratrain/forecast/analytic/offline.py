@@ -10,7 +10,7 @@ import json
 from paratrain.errors import UserError
 from paratrain.forecast import shapes
 from paratrain.forecast.analytic import hardware, search, validate
-from paratrain.forecast.analytic.step import Training, parse_cut, predict
+from paratrain.forecast.analytic.step import Training, implied_loss, parse_cut, predict
 
 
 def run_validate(suite: str, profile: str | None, terms: bool) -> int:
@@ -28,10 +28,11 @@ def run_layouts(
     global_batch: int | None,
     float8: bool,
     compile: bool = True,
-    loss: str = "compiled",
+    loss: str | None = None,  # None: the compile choice's
     attention: str | None = None,
 ) -> int:
     hw = hardware.load(profile)
+    loss = loss or implied_loss(compile)
     shape = shapes.shape(shape_name)
     if float8 and not hw.fp8_tflops:
         raise UserError(f"--float8: {hw.name} has no float8 matmuls")
@@ -55,10 +56,10 @@ def run_layouts(
             print(f"| {n} | {str(e).removeprefix('plan: ')} | | | | | | |")
             continue
         flags = f"--layout {b['cut'].as_flag()} " if b["cut"].as_flag() else ""
-        named = f"--gpus {n} {flags}--local-batch {b['local_batch']} --ac {b['ac']}"
-        named += (" --eager" if not compile else "") + (
-            f" --loss {loss}" if loss != "compiled" else ""
-        )
+        train = Training(seq_len, b["local_batch"], b["ac"], compile=compile, float8=float8,
+                         loss=loss, attention=attention)  # fmt: skip
+        named = f"--gpus {n} {flags}--local-batch {b['local_batch']} --ac {b['ac']} "
+        named += " ".join(train.as_flags())
         mfu = f"{b['mfu']:.0%}" if b["mfu"] else "-"
         print(
             f"| {n} | {b['layout']} | {b['ac']} | {b['local_batch']} | {b['tps_per_gpu']:,.0f} "
@@ -100,7 +101,10 @@ def assumptions(train: Training, hw) -> list[str]:
             "float8 tensorwise linears (torchao), lm_head in bf16, "
             + ("float8 all-gather of the weights" if train.fp8_gather else "bf16 all-gather")
         )
-    if hw.rates is not None:
+    if hw.rates is None:
+        said.append("every GEMM and attention at the profile's derated rates (no rates table: "
+                    "--attention does not apply)")  # fmt: skip
+    else:
         said.append(
             f"each GEMM and {train.attention or hw.attention_backend} attention at its measured rate ({hw.rates.path.rsplit('/', 1)[-1]})"
         )
@@ -119,7 +123,7 @@ def run_layout(
     float8: bool,
     as_json: bool,
     compile: bool = True,
-    loss: str = "compiled",
+    loss: str | None = None,  # None: the compile choice's
     attention: str | None = None,
 ) -> int:
     """The layout a user names, priced term by term: a table, or one JSON object."""
@@ -128,6 +132,7 @@ def run_layout(
     if float8 and not hw.fp8_tflops:
         raise UserError(f"--float8: {hw.name} has no float8 matmuls")
     cut = parse_cut(layout, gpus)
+    loss = loss or implied_loss(compile)
     train = Training(
         seq_len, local_batch, ac, compile=compile, float8=float8, loss=loss, attention=attention
     )

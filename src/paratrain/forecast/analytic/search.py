@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from paratrain.errors import UserError
 from paratrain.forecast.analytic.hardware import Hardware
-from paratrain.forecast.analytic.step import AC_MODES, Cut, Training, predict
+from paratrain.forecast.analytic.step import AC_MODES, Cut, Training, implied_loss, predict
 from paratrain.forecast.shapes import Shape
 
 
@@ -71,12 +71,13 @@ def best(
     global_batch: int | None = None,
     float8: bool = False,
     compile: bool = True,
-    loss: str = "compiled",
+    loss: str | None = None,  # None: the compile choice's (implied_loss)
     attention: str | None = None,
 ) -> dict:
     """The fastest layout that fits, and how many were weighed; global batch default: one
     sequence a GPU."""
     batch = global_batch or gpus
+    loss = loss or implied_loss(compile)
     tried, fits = 0, []
     for layout, local in layouts(shape, hw, gpus, batch):
         for ac in AC_MODES:

@@ -151,6 +151,23 @@ class Training:
     def fp8_gather(self) -> bool:
         return self.float8 if self.fp8_all_gather is None else self.fp8_all_gather
 
+    def as_flags(self) -> list[str]:
+        """`paratrain plan --layout`'s flags that name this training again (beside --ac and
+        --local-batch): the sequence, float8, eager, a loss other than the compile choice's, the
+        attention kernel where one is named. LoRA, fused AdamW and a bf16 all-gather under
+        float8 have no flag (the suite prices such rows through the function)."""
+        words = [f"--seq-len {self.seq_len}"]
+        words += ["--float8"] if self.float8 else []
+        words += [] if self.compile else ["--eager"]
+        words += [] if self.loss == implied_loss(self.compile) else [f"--loss {self.loss}"]
+        return words + ([f"--attention {self.attention}"] if self.attention else [])
+
+
+def implied_loss(compile: bool) -> str:
+    """The loss `plan` assumes with and without torch.compile: compiled with it (torchtitan's
+    since 2025-04), eager without."""
+    return "compiled" if compile else "eager"
+
 
 LAYOUT_KEYS = (
     "tp",
@@ -175,7 +192,9 @@ def parse_cut(text: str, gpus: int) -> Cut:
             continue
         key, _, value = word.partition("=")
         key = key.strip()
-        if key == "fsdp" and not value:  # FSDP over every GPU: the cut with nothing else
+        if key == "fsdp":  # FSDP over every GPU the others leave: the cut's default
+            if value:
+                raise UserError("--layout: fsdp takes no value (FSDP takes the GPUs left)")
             continue
         if key not in LAYOUT_KEYS:
             words = ("fsdp", *LAYOUT_KEYS)
@@ -207,7 +226,8 @@ def parse_cut(text: str, gpus: int) -> Cut:
 def check(shape: Shape, layout: Cut, train: Training) -> None:
     """One line for a layout the model cannot be cut into."""
     if train.ac not in (*AC_MODES, LAYER_AC):
-        raise UserError(f"activation checkpointing: {train.ac!r}; choose {', '.join(AC_MODES)}")
+        modes = ", ".join((*AC_MODES, LAYER_AC))
+        raise UserError(f"activation checkpointing: {train.ac!r}; choose {modes}")
     if train.attention not in (None, *ATTENTION):
         raise UserError(f"attention: {train.attention!r}; choose {', '.join(ATTENTION)}")
     if train.loss not in LOSS:
@@ -237,7 +257,8 @@ def full_share(ac: str) -> float:
 
 def recompute_share(shape: Shape, ac: str) -> float:
     """The share of a layer's forward matmul FLOPs that activation checkpointing runs again:
-    none 0, full 1, selective (op policy) the matmuls at even places in forward order."""
+    none 0, full 1, layer 1/2 (every second layer whole), selective (op policy) the matmuls at
+    even places in forward order."""
     if ac == "none":
         return 0.0
     if ac in ("full", LAYER_AC):

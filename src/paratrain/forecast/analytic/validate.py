@@ -111,7 +111,7 @@ def run(suite: str = "torchtitan-h100", profile: str | None = None) -> dict:
                 "hardware": profile or r.hardware,
                 "gpus": r.layout.gpus,
                 "layout": p["layout"],
-                "flags": flags(r),
+                "flags": flags(r, profile),
                 "setup": _setup(r.training),
                 "tps": r.tps,
                 "predicted_tps": p["tps_per_gpu"],
@@ -148,18 +148,14 @@ def summary(found: list[dict]) -> dict:
     }
 
 
-def flags(r: Row) -> str:
-    """The `paratrain plan` flags that price this row (its profile, shape and layout)."""
+def flags(r: Row, profile: str | None = None) -> str:
+    """The `paratrain plan` flags that price this row (on its profile, or `profile`)."""
     t = r.training
     words = [
-        f"--hardware {r.hardware} --shape {r.shape} --gpus {r.layout.gpus}",
+        f"--hardware {profile or r.hardware} --shape {r.shape} --gpus {r.layout.gpus}",
         f"--layout {r.layout.as_flag()} --ac {t.ac} --local-batch {t.local_batch}",
-        f"--seq-len {t.seq_len}",
+        *t.as_flags(),
     ]
-    words += ["--float8"] if t.float8 else []
-    words += [] if t.compile else ["--eager"]
-    words += [] if t.loss == ("compiled" if t.compile else "eager") else [f"--loss {t.loss}"]
-    words += [f"--attention {t.attention}"] if t.attention else []
     return " ".join(words)
 
 
@@ -209,6 +205,14 @@ def table(found: dict, terms: bool = False) -> str:
         system = " ".join(src["system"].split())
         lines.append(f"- {src['source']} ({src['date']}), {src['url']}: {system}.")
     if terms:
+        lines += [
+            "",
+            "Each row as the `paratrain plan` flags that price it (rows with LoRA, fused",
+            "AdamW, a bf16 all-gather under float8 or a source's own network have none of",
+            "their own for those: the suite prices them through the same function):",
+            "",
+        ]
+        lines += [f"- {r['source']}: {r['row']}: `{r['flags']}`" for r in found["rows"]]
         lines += ["", "Seconds a step by term:", ""]
         keys = list(found["rows"][0]["terms"])
         lines.append("| row | step | " + " | ".join(k.removesuffix("_s") for k in keys) + " |")
