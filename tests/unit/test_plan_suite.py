@@ -91,3 +91,11 @@ def test_the_flags_name_the_profile_a_row_was_priced_on():
     assert all(r["flags"].startswith("--hardware h100-sxm ") for r in found["rows"])
     out = validate.table(validate.run("torchtitan-h100"), terms=True)
     assert "`--hardware h100-hbm2e-500w --shape llama3.1-8b --gpus 8 --layout fsdp" in out
+
+
+def test_the_suite_as_json(capsys):
+    assert main(["plan", "--validate", "published", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["summary"]["rows"] == len(found["rows"]) >= 25
+    first = found["rows"][0]
+    assert {"flags", "terms", "tps", "predicted_tps", "tps_error", "source"} <= set(first)

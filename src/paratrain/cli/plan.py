@@ -109,7 +109,12 @@ def add(sub) -> None:
     paper.add_argument(
         "--local-batch", type=int, help="--layout: sequences a data-parallel rank (default 1)"
     )
-    paper.add_argument("--json", action="store_true", help="--layout: one JSON object")
+    paper.add_argument(
+        "--json",
+        action="store_true",
+        help="--layout: one JSON object; --validate: the suite as one (sources, each row's "
+        "numbers, terms and flags, the summary)",
+    )
     paper.add_argument("--seq-len", type=int, help="tokens a sequence (default 8192)")
     paper.add_argument("--global-batch", type=int, help="sequences a step (default: one a GPU)")
     paper.add_argument("--float8", action="store_true", help="float8 linears (torchao's)")
@@ -180,10 +185,10 @@ def offline(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace, offline) -> int:
     """--validate: a published table beside the prediction."""
-    extra = [f for f, v in _offline_only(args) if v and f != "--terms"]
+    extra = [f for f, v in _offline_only(args) if v and f not in ("--terms", "--json")]
     if extra:
         raise UserError(f"plan --validate: {extra[0]} is the table's own; leave it out")
-    return offline.run_validate(args.validate, args.hardware, args.terms)
+    return offline.run_validate(args.validate, args.hardware, args.terms, as_json=args.json)
 
 
 def paper(args: argparse.Namespace, command, offline) -> int:

@@ -13,9 +13,9 @@ from paratrain.forecast.analytic import hardware, search, validate
 from paratrain.forecast.analytic.step import Training, implied_loss, parse_cut, predict
 
 
-def run_validate(suite: str, profile: str | None, terms: bool) -> int:
+def run_validate(suite: str, profile: str | None, terms: bool, as_json: bool = False) -> int:
     found = validate.run(suite, profile)
-    print(validate.table(found, terms=terms))
+    print(json.dumps(found) if as_json else validate.table(found, terms=terms))
     return 0
 
 
