@@ -10,33 +10,30 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from work_kinds_calibrate import RECIPES  # the recipes as the forecast's Training (this folder)
 
 from paratrain.forecast import shapes
 from paratrain.forecast.analytic import hardware
 from paratrain.forecast.analytic.step import Cut, Training, predict
 
-# what each recipe runs, as the forecast's Training (the recipes' own comments and levers)
-RECIPES = {
-    "llama3.2_1b_full_random": (
-        "llama3.2-1b",
-        dict(ac="none", compile=True, loss="fused", fused_optimizer=True),
-        8,
-    ),
-    "llama3_8b_lora_random": ("llama3-8b", dict(ac="none", compile=True, lora=True), 2),
-}
-
 
 def training_of(recipe: str, overrides: str) -> tuple[str, Training]:
-    shape, kw, batch = RECIPES[recipe]
+    """A recipe's Training as the calibration script maps it (its RECIPES: the recipes' own
+    levers), changed by the run's --set overrides."""
+    shape, train = RECIPES[recipe]
     words = dict(w.split("=", 1) for w in overrides.split() if "=" in w)
-    seq = int(words.get("data.max_length", 2048))
-    batch = int(words.get("data.batch_size", batch))
+    changed = {
+        "seq_len": int(words.get("data.max_length", train.seq_len)),
+        "local_batch": int(words.get("data.batch_size", train.local_batch)),
+    }
     if words.get("train.activation_checkpointing") == "true":
-        kw = {**kw, "ac": "full"}
+        changed["ac"] = "full"
     if words.get("train.sdpa_backend") in ("flash", "cudnn"):
-        kw = {**kw, "attention": words["train.sdpa_backend"]}
-    return shape, Training(seq, batch, **kw)
+        changed["attention"] = words["train.sdpa_backend"]
+    return shape, replace(train, **changed)
 
 
 def profile_here() -> str:

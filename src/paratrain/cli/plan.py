@@ -218,15 +218,9 @@ def paper(args: argparse.Namespace, command, offline) -> int:
         global_batch=args.global_batch,
         float8=args.float8,
         compile=not args.eager,
-        loss=loss_of(args),
+        loss=args.loss,  # None: what the compile choice implies
         attention=args.attention,
     )
-
-
-def loss_of(args: argparse.Namespace) -> str | None:
-    """--loss, or None: what the compile choice implies (compiled with torch.compile, else
-    eager; forecast/analytic/step.py implied_loss)."""
-    return args.loss
 
 
 def one_layout(args: argparse.Namespace, command, offline) -> int:
@@ -246,7 +240,7 @@ def one_layout(args: argparse.Namespace, command, offline) -> int:
         seq_len=args.seq_len or 8192,
         float8=args.float8,
         compile=not args.eager,
-        loss=loss_of(args),
+        loss=args.loss,  # None: what the compile choice implies
         attention=args.attention,
         as_json=args.json,
     )

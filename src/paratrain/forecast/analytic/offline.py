@@ -55,10 +55,11 @@ def run_layouts(
         except UserError as e:
             print(f"| {n} | {str(e).removeprefix('plan: ')} | | | | | | |")
             continue
-        flags = f"--layout {b['cut'].as_flag()} " if b["cut"].as_flag() else ""
+
         train = Training(seq_len, b["local_batch"], b["ac"], compile=compile, float8=float8,
                          loss=loss, attention=attention)  # fmt: skip
-        named = f"--gpus {n} {flags}--local-batch {b['local_batch']} --ac {b['ac']} "
+        named = f"--gpus {n} --layout {b['cut'].as_flag()} --local-batch {b['local_batch']} "
+        named += f"--ac {b['ac']} "
         named += " ".join(train.as_flags())
         mfu = f"{b['mfu']:.0%}" if b["mfu"] else "-"
         print(

@@ -83,13 +83,13 @@ def rows(suite: str) -> list[Row]:
     return [r for stem in SUITES[suite] for r in source(stem)["rows"]]
 
 
-def price(r: Row, profile: str | None = None) -> dict:
-    """One row's prediction: on its own profile (or `profile`, a what-if), with the source's
-    network where it names one."""
+def price(r: Row, profile: str | None = None) -> tuple[dict, hardware.Hardware]:
+    """One row's prediction and the profile it was priced on: its own (or `profile`, a
+    what-if), with the source's network where it names one."""
     hw = hardware.load(profile or r.hardware)
     if r.inter_gbps is not None:
         hw = dataclasses.replace(hw, inter_gbps=r.inter_gbps)
-    return predict(shapes.shape(r.shape), hw, r.layout, r.training)
+    return predict(shapes.shape(r.shape), hw, r.layout, r.training), hw
 
 
 def run(suite: str = "torchtitan-h100", profile: str | None = None) -> dict:
@@ -100,7 +100,7 @@ def run(suite: str = "torchtitan-h100", profile: str | None = None) -> dict:
         head = source(stem)
         out["sources"].append({k: head[k] for k in ("source", "url", "date", "system", "settings")})
     for r in rows(suite):
-        p = price(r, profile)
+        p, hw = price(r, profile)
         mem = r.memory_gib
         out["rows"].append(
             {
@@ -109,6 +109,7 @@ def run(suite: str = "torchtitan-h100", profile: str | None = None) -> dict:
                 "row": r.label,
                 "model": r.shape,
                 "hardware": profile or r.hardware,
+                "gpu": hw.name.split("-")[0],
                 "gpus": r.layout.gpus,
                 "layout": p["layout"],
                 "flags": flags(r, profile),
@@ -139,7 +140,7 @@ def summary(found: list[dict]) -> dict:
     return {
         "rows": len(found),
         "sources": len({r["source"] for r in found}),
-        "gpu_kinds": sorted({hardware.load(r["hardware"]).name.split("-")[0] for r in found}),
+        "gpu_kinds": sorted({r["gpu"] for r in found}),
         "median_tps_error": statistics.median(tps),
         "worst_tps_error": max(tps),
         "memory_rows": len(mem),

@@ -108,23 +108,16 @@ SHAPES["llama3.1-405b"] = dict(
 
 # Llama 2 as meta-llama's config.json files have them (the 34B: the Llama 2 paper's, GQA with 8
 # key-value heads, as Code Llama 34B shipped it); published FSDP rows train them
-_LLAMA2 = dict(vocab_size=32000, tie_word_embeddings=False)
-SHAPES["llama2-7b"] = dict(
-    _LLAMA2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=32,
-)  # fmt: skip
-SHAPES["llama2-13b"] = dict(
-    _LLAMA2, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-    num_attention_heads=40, num_key_value_heads=40,
-)  # fmt: skip
-SHAPES["llama2-34b"] = dict(
-    _LLAMA2, hidden_size=8192, intermediate_size=22016, num_hidden_layers=48,
-    num_attention_heads=64, num_key_value_heads=8,
-)  # fmt: skip
-SHAPES["llama2-70b"] = dict(
-    _LLAMA2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-    num_attention_heads=64, num_key_value_heads=8,
-)  # fmt: skip
+for _size, (_h, _f, _l, _heads, _kv) in {
+    "7b": (4096, 11008, 32, 32, 32),
+    "13b": (5120, 13824, 40, 40, 40),
+    "34b": (8192, 22016, 48, 64, 8),
+    "70b": (8192, 28672, 80, 64, 8),
+}.items():
+    SHAPES[f"llama2-{_size}"] = dict(
+        vocab_size=32000, tie_word_embeddings=False, hidden_size=_h, intermediate_size=_f,
+        num_hidden_layers=_l, num_attention_heads=_heads, num_key_value_heads=_kv,
+    )  # fmt: skip
 
 
 def build_causal_lm(
