@@ -5,7 +5,8 @@
 # the analytic forecast (`paratrain plan --hardware h100-sxm`); the two recipes as shipped first
 # (their throughput beside the forecast too). Runs are cut to 12 steps except the shipped two.
 # Back (flat): memory.md, memory.json, runs.txt, machine.txt, profile_1b_b8.txt,
-# profile_8b_lora_b2.txt (3 profiled steps after warm-up, out of the throughput).
+# profile_8b_lora_b2.txt (3 profiled steps after warm-up, out of the throughput; each
+# with trace_gaps.py's idle time appended).
 #   device run (carry .whl .commit):  bash benchmarks/device/forecast_memory.sh
 set -uo pipefail
 BUDGET=${BUDGET:-560}
@@ -34,5 +35,10 @@ done <<< "$RUNS"
 printf '%s\n' "${done_runs[@]}" > /tmp/done.txt
 python3 benchmarks/device/forecast_memory.py /tmp/runs /tmp/done.txt "$OUT"
 cp /tmp/machine.txt "$OUT/"
-for p in 1b_b8 8b_lora_b2; do cp "/tmp/runs/$p/profile.txt" "$OUT/profile_$p.txt" 2>/dev/null; done
+# each profile with where its GPU sat idle (trace_gaps.py) appended: 8 files come back at most
+for p in 1b_b8 8b_lora_b2; do
+  { cat "/tmp/runs/$p/profile.txt"; echo; echo "== trace_gaps.py"
+    python3 benchmarks/device/trace_gaps.py "/tmp/runs/$p/trace.json.gz" --steps 3; } \
+    > "$OUT/profile_$p.txt" 2>&1
+done
 { for f in /tmp/run_*.log; do echo "== $f"; grep -aiE "error|Traceback|tokens/s|peak memory" "$f" | tail -6; done; } > "$OUT/runs.txt" 2>/dev/null

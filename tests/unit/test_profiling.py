@@ -23,6 +23,8 @@ def test_kernel_kinds_by_name():
     )
     assert kernel_kind("Memcpy HtoD (Pinned -> Device)") == "copies and fills"
     assert kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "NCCL collectives"
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
+    assert kernel_kind("void cudnn::fusion::compute_dot_do_o_specialized<true>") == "attention"
     assert kernel_kind("something new") == "other"
 
 

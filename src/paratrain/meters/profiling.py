@@ -34,12 +34,14 @@ TOP = 15
 KINDS = (
     ("Triton, inductor-generated", ("triton_",)),
     ("optimizer (foreach / fused)", ("multi_tensor_apply", "fused_adam", "fused_sgd")),
+    # before convolution: cuDNN's attention kernels hold "cudnn" and "fprop" in their names
+    # (cudnn_generated_fort_native_sdpa_sm90_flash_fprop..., cudnn::fusion::fmha_reduce_head)
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn::fusion")),
     (
         "convolution (cuDNN / ATen conv)",
         ("fprop", "dgrad", "wgrad", "conv", "cudnn", "depthwise", "nhwc", "nchw"),
     ),
     ("matmul (cuBLAS / CUTLASS)", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet")),
-    ("attention", ("flash", "fmha", "attention")),
     ("NCCL collectives", ("nccl",)),
     ("copies and fills", ("memcpy", "memset", "copy_kernel", "fill_kernel")),
     ("eager ATen kernels", ("at::native", "elementwise", "reduce_kernel", "vectorized")),
