@@ -42,7 +42,8 @@ def test_pipeline_idle_time_in_the_step():
     one = predict(B405, H100, Cut(512, tp=8, pp=8, async_tp=True), train)
     busy = one["step_s"] - one["terms"]["pp_bubble_s"]
     work = busy - sum(
-        one["terms"][k] for k in ("pp_p2p_s", "optimizer_s", "fsdp_exposed_s", "fsdp_copies_s")
+        one["terms"][k]
+        for k in ("pp_p2p_s", "optimizer_s", "fsdp_exposed_s", "fsdp_copies_s", "collective_sms_s")
     )
     assert one["terms"]["pp_bubble_s"] == pytest.approx(work * 7 / 8)
     two = predict(
@@ -97,6 +98,27 @@ def test_fsdp_exposes_the_unhidden_collectives():
     root_ag, root_rs = 7 / 8 * root * 2 / bus + fixed, 7 / 8 * root * 4 / bus + fixed
     assert t["fsdp_exposed_s"] == pytest.approx(ag + rs + root_ag + root_rs)
     assert t["fsdp_comm_s"] == pytest.approx(32 * (2 * ag + rs) + root_ag + root_rs)
+
+
+def test_hidden_collectives_take_their_sms_from_compute():
+    # NCCL's 16 channels hold 16 of the H100's 132 SMs while a collective runs, so the compute
+    # it hides under runs 16/132 slower for that time: FSDP 8 on the 8B, whose collectives all
+    # overlap compute but the exposed ones
+    train = Training(8192, 2, "selective", compile=True)
+    one = predict(B8, H100, Cut(8), train)
+    assert (H100.channels, H100.sms) == (16, 132)
+    hidden = one["fsdp_comm_s"] - one["terms"]["fsdp_exposed_s"]
+    assert one["terms"]["collective_sms_s"] == pytest.approx(hidden * 16 / 132)
+    without = predict(B8, replace(H100, channels=0), Cut(8), train)
+    assert one["step_s"] - without["step_s"] == pytest.approx(hidden * 16 / 132)
+    # TP's hidden share counts too (async TP hides its forward all-gathers)
+    tp = predict(B70, H100, Cut(256, tp=8, async_tp=True), Training(8192, 16, "full", True, True))
+    tp_hidden = tp["tp_comm_s"] - tp["terms"]["tp_exposed_s"]
+    assert tp_hidden > 0
+    fsdp_hidden = tp["fsdp_comm_s"] - tp["terms"]["fsdp_exposed_s"]
+    assert tp["terms"]["collective_sms_s"] == pytest.approx((tp_hidden + fsdp_hidden) * 16 / 132)
+    # one GPU: no collective, nothing taken
+    assert predict(B8, H100, Cut(1), Training(2048, 2))["terms"]["collective_sms_s"] == 0
 
 
 def test_ddp_and_hsdp_all_reduce_hand_cases():
@@ -204,6 +226,16 @@ def test_hardware_profiles():
         )
     with pytest.raises(UserError, match="float8"):
         hardware.load("a100-sxm").matmul_flops(float8=True)
+    # [collectives] channels: whole, below the SMs; absent, no SMs taken
+    assert rule.collective_sm_share == 0
+    for table, message in (
+        ({"channels": 16.5, "sms": 132}, "collectives.channels must be a whole number"),
+        ({"channels": 132, "sms": 132}, "collectives.channels must be below sms"),
+        ({"channels": 16}, "collectives.channels must be below sms"),
+        ({"ctas": 16}, r"\[collectives\] holds latency_intra_us"),
+    ):
+        with pytest.raises(UserError, match=message):
+            hardware.from_dict({"datasheet": sheet, "derate": derate, "collectives": table})
 
 
 def test_layouts_refused_in_one_line():

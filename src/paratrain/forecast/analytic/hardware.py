@@ -56,6 +56,16 @@ class Hardware:
     latency_inter_us: float = 0.0
     """[collectives]: a collective's fixed time within a node and across nodes (nccl-tests'
     time at its smallest sizes), added to its size over the bus bandwidth."""
+    channels: int = 0
+    sms: int = 0
+    """[collectives] channels and sms: NCCL runs a collective as one CTA a channel, each on an
+    SM of its own that no compute kernel shares, so compute under a collective runs on
+    sms - channels SMs (0: not modelled)."""
+
+    @property
+    def collective_sm_share(self) -> float:
+        """The share of the GPU's SMs a running collective holds (channels / sms)."""
+        return self.channels / self.sms if self.sms else 0.0
 
     @property
     def rates(self):
@@ -218,19 +228,24 @@ def _tables(tables, where: str) -> tuple[str, str]:
     return path, str(tables.get("attention_backend", "flash"))
 
 
-def _collectives(table, where: str) -> tuple[float, float]:
+def _collectives(table, where: str) -> dict:
     """[collectives]: latency_intra_us and latency_inter_us, each a number >= 0 (0 where
-    absent: size over bandwidth alone)."""
-    keys = ("latency_intra_us", "latency_inter_us")
+    absent: size over bandwidth alone); channels and sms, whole numbers (0 where absent:
+    collectives take no SMs from compute), channels below sms."""
+    keys = ("latency_intra_us", "latency_inter_us", "channels", "sms")
     if not isinstance(table, dict) or set(table) - set(keys):
-        raise UserError(f"hardware profile {where}: [collectives] holds {' and '.join(keys)}")
-    out = []
+        raise UserError(f"hardware profile {where}: [collectives] holds {', '.join(keys)}")
+    out = {}
     for key in keys:
         value = table.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise UserError(f"hardware profile {where}: collectives.{key} must be a number >= 0")
-        out.append(float(value))
-    return out[0], out[1]
+        if key in ("channels", "sms") and value != int(value):
+            raise UserError(f"hardware profile {where}: collectives.{key} must be a whole number")
+        out[key] = float(value) if key.startswith("latency") else int(value)
+    if out["channels"] and not out["channels"] < out["sms"]:
+        raise UserError(f"hardware profile {where}: collectives.channels must be below sms")
+    return out
 
 
 def from_dict(data: dict, where: str = "profile") -> Hardware:
@@ -251,10 +266,8 @@ def from_dict(data: dict, where: str = "profile") -> Hardware:
         raise UserError(f"hardware profile {where}: derate.{bad[0]} must lie in (0, 1]")
     static, exponent = _power_curve(power, sheet, where)
     rates_path, attention_backend = _tables(data.get("tables", {}), where)
-    latency = _collectives(data.get("collectives", {}), where)
     return Hardware(
-        latency_intra_us=latency[0],
-        latency_inter_us=latency[1],
+        **_collectives(data.get("collectives", {}), where),
         rates_path=rates_path,
         attention_backend=attention_backend,
         name=data.get("name", Path(where).stem),

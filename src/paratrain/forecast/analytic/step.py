@@ -548,7 +548,11 @@ def predict(shape: Shape, hw: Hardware, layout: Cut, train: Training) -> dict:
     opt = rank_params / (tp * layout.dp_shard) * (adamw + CLIP_BYTES) / hw.memory_bytes_s()
     opt = 0.0 if train.lora else opt  # the adapters' update: ~0.1% of the weights
     fsdp = fsdp_terms(shape, hw, layout, train, layers_here, layer)
-    step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"]
+    # what compute loses to the collectives it hides: NCCL's CTAs hold an SM each while they
+    # run, so the compute under them runs on the rest (Hardware.collective_sm_share)
+    hidden = fsdp["fsdp_comm_s"] - fsdp["fsdp_exposed_s"] + (tp_comm - tp_exposed) * m * layers_here
+    shared = max(hidden, 0.0) * hw.collective_sm_share
+    step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"] + shared
     tokens_gpu = train.local_batch * train.seq_len / (tp * p)
     mem = memory_terms(shape, hw, layout, train)
     n_mb = m * layers_here
@@ -565,6 +569,7 @@ def predict(shape: Shape, hw: Hardware, layout: Cut, train: Training) -> dict:
         "optimizer_s": opt,
         "fsdp_exposed_s": fsdp["fsdp_exposed_s"],
         "fsdp_copies_s": fsdp["fsdp_copies_s"],
+        "collective_sms_s": shared,
     }
     return {
         "layout": layout.describe(),
