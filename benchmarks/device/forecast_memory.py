@@ -3,6 +3,7 @@ allocator's, and the forecast's parts (state, activations, the transient peak).
 
     python3 benchmarks/device/forecast_memory.py RUNS_DIR DONE_FILE OUT
     python3 benchmarks/device/forecast_memory.py --small      # checks the mapping on the CPU
+    python3 benchmarks/device/forecast_memory.py --again RESULTS/memory.json   # priced again
 
 DONE_FILE: a line per finished run, `label|recipe|overrides` (the shell script's RUNS)."""
 
@@ -44,37 +45,52 @@ def profile_here() -> str:
     return "h200" if "H200" in name else "h100-sxm"
 
 
+def forecast(label: str, recipe: str, over: str, profile: str) -> dict:
+    """One run's row as the forecast prices it now (the measured fields come apart)."""
+    hw = hardware.load(profile)
+    shape, train = training_of(recipe, over)
+    p = predict(shapes.shape(shape), hw, Cut(1), train)
+    m = p["memory"]
+    return {
+        "run": label,
+        "profile": hw.name,
+        "recipe": recipe,
+        "overrides": over,
+        "batch": train.local_batch,
+        "seq": train.seq_len,
+        "ac": train.ac,
+        "attention": train.attention or hw.attention_backend,
+        "predicted_tps": p["tps_per_gpu"],
+        "predicted_gib": p["memory_gib"],
+        "state_gib": m["state_bytes"] / 2**30,
+        "activation_gib": m["activation_bytes"] / 2**30,
+        "peak_gib": m["peak_bytes"] / 2**30,
+    }
+
+
 def rows(runs: Path, done: list[str]) -> list[dict]:
-    hw = hardware.load(profile_here())
     out = []
     for line in done:
         label, recipe, over = line.split("|", 2)
-        shape, train = training_of(recipe, over)
-        p = predict(shapes.shape(shape), hw, Cut(1), train)
         s = json.loads((runs / label / "result.json").read_text())["summary"]
-        m = p["memory"]
         out.append(
             {
-                "run": label,
-                "profile": hw.name,
-                "recipe": recipe,
-                "overrides": over,
-                "batch": train.local_batch,
-                "seq": train.seq_len,
-                "ac": train.ac,
-                "attention": train.attention or hw.attention_backend,
+                **forecast(label, recipe, over, profile_here()),
                 "tokens_per_s": s.get("tokens_per_s"),
-                "predicted_tps": p["tps_per_gpu"],
                 "allocated_gib": s["peak_memory_bytes"] / 2**30,
                 "reserved_gib": (s.get("peak_reserved_bytes") or 0) / 2**30,
-                "predicted_gib": p["memory_gib"],
-                "state_gib": m["state_bytes"] / 2**30,
-                "activation_gib": m["activation_bytes"] / 2**30,
-                "peak_gib": m["peak_bytes"] / 2**30,
                 "floor": s.get("floor"),  # train.floor's: the step's matmuls + attention alone
             }
         )
     return out
+
+
+def again(measured: Path) -> list[dict]:
+    """A call's memory.json priced again by today's forecast (its measurements kept)."""
+    return [
+        {**r, **forecast(r["run"], r["recipe"], r["overrides"], r["profile"])}
+        for r in json.loads(measured.read_text())
+    ]
 
 
 def table(found: list[dict]) -> str:
@@ -97,6 +113,9 @@ def table(found: list[dict]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--again"]:  # --again RESULTS/memory.json: the table at this commit
+        print(table(again(Path(sys.argv[2]))), end="")
+        return
     if sys.argv[1:] == ["--small"]:
         for recipe in RECIPES:
             for over in ("", "--set data.batch_size=4 --set train.activation_checkpointing=true"):

@@ -196,7 +196,11 @@ RECIPES = {
         "llama3.2-1b",
         Training(2048, 8, "none", compile=True, loss="fused", fused_optimizer=True),
     ),
-    "llama3_8b_lora_random": ("llama3-8b", Training(2048, 2, "none", compile=True, lora=True)),
+    # its loss is WholeLoss, compiled in place with the decoder (models/causal_lm/loss.py)
+    "llama3_8b_lora_random": (
+        "llama3-8b",
+        Training(2048, 2, "none", compile=True, lora=True, loss="compiled"),
+    ),
 }
 
 

@@ -412,3 +412,32 @@ def test_a_variant_may_have_a_time_limit_of_its_own(tmp_path):
     assert (quick.timeout_s, other.timeout_s) == (5, None)  # None: the sweep's 99
     with pytest.raises(ConfigError, match=r"sweep.variants\[0\].timeout_s: must be a number > 0"):
         sweep("soon")
+
+
+def test_a_failed_runs_cause_is_its_exception_not_torchruns_banner():
+    from paratrain.bench.execute import cause_of
+    from paratrain.bench.store import error_line
+
+    # what a worker that ran out of memory leaves under torchrun: its traceback, then the
+    # agent's own summary, which names no cause
+    output = """step 1
+Traceback (most recent call last):
+  File "hf_lora.py", line 160, in main
+    loss.backward()
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB.
+E1207 15:01:28 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)
+Traceback (most recent call last):
+  File "torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+paratrain.bench.peers.hf_lora FAILED
+------------------------------------------------------------
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""
+    assert cause_of(output).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    # a peer's own error line; else the last line; an error's headline is its first line
+    assert cause_of("x\nparatrain peer: error: torchtitan exited 1 (log: t.log)\n===") == (
+        "paratrain peer: error: torchtitan exited 1 (log: t.log)"
+    )
+    assert cause_of("one\ntwo\n") == "two"
+    assert error_line("exit 1: RuntimeError: boom\nmore") == "exit 1: RuntimeError: boom"

@@ -121,6 +121,25 @@ def test_hidden_collectives_take_their_sms_from_compute():
     assert predict(B8, H100, Cut(1), Training(2048, 2))["terms"]["collective_sms_s"] == 0
 
 
+def test_lora_adapters_priced_at_the_memory_rate():
+    # r = 8 on q (4096 -> 4096), v (4096 -> 1024), o (4096 -> 4096) of the 8B at 4,096 tokens:
+    # of each adapter's six GEMMs three read or write a [T, in] tensor, three a [T, out] one,
+    # each with its r-wide side and its small weight: all memory-bound on an H100
+    t, r = 4096, 8
+
+    def side(width):  # three GEMMs, each [T, width] + [T, r] + [width, r] in bf16
+        return 3 * 2 * (t * width + t * r + width * r)
+
+    moved = sum(side(i) + side(o) for i, o in ((4096, 4096), (4096, 1024), (4096, 4096)))
+    assert analytic.adapter_seconds(B8, H100, t, 1) == pytest.approx(moved / (3.35e12 * 0.91))
+    # in the LoRA step, on top of the frozen layer's forward and input-gradient GEMMs
+    lora = analytic.layer_terms(B8, H100, Training(2048, 2, "none", True, lora=True), t, 1)
+    mm = analytic.matmul_seconds(B8, H100, t, 1, False)
+    assert lora["matmul_s"] == pytest.approx(
+        mm["forward"] + mm["grad_input"] + analytic.adapter_seconds(B8, H100, t, 1)
+    )
+
+
 def test_ddp_and_hsdp_all_reduce_hand_cases():
     # DDP over 8 on one node (HSDP with shards of 1): every fp32 gradient ring-all-reduced,
     # 2 x 7/8 x 4 bytes a parameter at 360 GB/s

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from paratrain.bench.store import Row, Store
+from paratrain.bench.store import Row, Store, error_line
 from paratrain.bench.sweep import RunSpec, Sweep
 from paratrain.config import to_yaml
 from paratrain.meters.metrics import git_commit
@@ -66,6 +67,22 @@ def tail_lines(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+# A line that names an exception (torch.OutOfMemoryError: ..., RuntimeError: ...) or a tool's
+# own error line (paratrain peer: error: ..., error: ...)
+_CAUSE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*:|^[\w .:]*\berror: ", re.I)
+
+
+def cause_of(output: str) -> str:
+    """The line that says why a run failed: the last exception or error line of its output.
+    torchrun prints its own summary after the worker's traceback (a banner, ChildFailedError,
+    "To enable traceback see"), which names no cause; the last line where none is found."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _CAUSE.match(line) and "ChildFailedError" not in line:
+            return line
+    return lines[-1] if lines else "(no output)"
+
+
 def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").unlink(missing_ok=True)
@@ -98,7 +115,7 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     if code == SKIPPED_EXIT or (code not in (0, None) and skip_lines):
         status, error = "skipped", (skip_lines or [tail_lines(output, 1)])[0]
     elif code not in (0, None):
-        status, error = "failed", f"exit {code}: " + tail_lines(output)
+        status, error = "failed", f"exit {code}: {cause_of(output)}\n" + tail_lines(output)
     elif code == 0 and result is None:
         status, error = "failed", "exited 0 without result.json: " + tail_lines(output)
     if result is not None:
@@ -227,7 +244,7 @@ def run_sweep(
                 line += f", {row.unique_samples_per_s:,.1f} unique samples/s"
                 line += floor_words((row.metrics or {}).get("floor"))
             elif row.error:
-                line += f" ({row.error.splitlines()[-1][:200]})"
+                line += f" ({error_line(row.error)[:200]})"
             (bar.console.print(line, highlight=False) if bar else print(line, flush=True))
             if bar:
                 bar.advance(task)

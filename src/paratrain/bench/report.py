@@ -13,7 +13,7 @@ import yaml
 from paratrain.bench import arith
 from paratrain.bench.arith import Stat
 from paratrain.bench.render import Table
-from paratrain.bench.store import Row
+from paratrain.bench.store import Row, error_line
 
 EPOCH = 60_000  # MNIST's training set: times are reported for one such epoch, from throughput
 
@@ -74,13 +74,9 @@ def _buckets(rows: list[Row]) -> list[list[Row]]:
 
 
 def _failed(members: list[Row]) -> list[str]:
-    """Each failed run in one line: its status and its error's last line, cut to 120
-    characters (the report's notes name it; the run's own folder has the rest)."""
-    return [
-        f"{r.status}: {(r.error or '').splitlines()[-1][:120] if r.error else ''}"
-        for r in members
-        if r.status != "ok"
-    ]
+    """Each failed run in one line: its status and its error's headline (a failed run's
+    cause), cut to 120 characters (the report's notes name it; the run's folder has the rest)."""
+    return [f"{r.status}: {error_line(r.error or '')[:120]}" for r in members if r.status != "ok"]
 
 
 def _curves(ok: list[Row]) -> list[list[list[float]]]:

@@ -93,6 +93,11 @@ COLUMNS = (
 )
 
 
+def error_line(error: str) -> str:
+    """A stored error's headline: its first line (a failed run's cause: execute.cause_of)."""
+    return error.splitlines()[0] if error else ""
+
+
 @dataclass
 class Row:
     run_key: str

@@ -74,8 +74,9 @@ CLIP_BYTES = 12  # gradient clipping: the norm reads the gradient, the scaling r
 # of the loss, torchtitan 0.2.2's default: its job_config compile.components = ["model",
 # "loss"]): the upcast fused into the reductions, bf16 logits read in forward and again in
 # backward with the bf16 gradient written, live the bf16 logits and their gradient; fused
-# (paratrain's Triton loss): the gradient written in the forward's one pass.
-LOSS = {"eager": (40, 12), "compiled": (8, 4), "fused": (4, 4)}
+# (paratrain's Triton loss): the gradient written in the forward's one pass, in place of the
+# bf16 logits (live: that one tensor).
+LOSS = {"eager": (40, 12), "compiled": (8, 4), "fused": (4, 2)}
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,28 @@ def matmul_seconds(shape: Shape, hw: Hardware, tokens: int, tp: int, float8: boo
     }
 
 
+LORA_TARGETS, LORA_RANK = ("q", "v", "o"), 8  # paratrain's LoRA recipes (lora.target_modules, r)
+
+
+def adapter_seconds(shape: Shape, hw: Hardware, tokens: int, tp: int) -> float:
+    """A layer's LoRA adapters (rank LORA_RANK on LORA_TARGETS), forward and backward: per
+    adapted linear six GEMMs with one side of width r (x A, (x A) B; dY B^T, (dY B^T) A^T; both
+    weights' gradients), each reading or writing a [tokens, width] tensor: memory-bound, so
+    each at the larger of its FLOPs at the table's rate and its bytes at the HBM rate."""
+    total, r = 0.0, LORA_RANK
+    for name in LORA_TARGETS:
+        i, o = shape.linears()[name]
+        i, o = (i, o // tp) if name in COLUMN_PARALLEL else (i // tp, o)
+        for m, n, k in (
+            (tokens, r, i), (tokens, o, r),  # forward
+            (tokens, r, o), (tokens, i, r),  # the input's gradient through B, then A
+            (r, i, tokens), (o, r, tokens),  # A's and B's gradients
+        ):  # fmt: skip
+            moved = 2 * (m * k + k * n + m * n)  # bf16 operands and result
+            total += max(2 * m * n * k / hw.matmul_flops(), moved / hw.memory_bytes_s())
+    return total
+
+
 def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: int) -> dict:
     """Seconds of one decoder layer's forward + backward (+ recompute) on one GPU for a
     micro-batch of `tokens` tokens, by term; and the forward's share of it."""
@@ -306,6 +329,7 @@ def layer_terms(shape: Shape, hw: Hardware, train: Training, tokens: int, tp: in
     mm_s = matmul_seconds(shape, hw, tokens, tp, train.float8)
     # frozen weights (LoRA): the input's gradient only
     mm = mm_s["forward"] + mm_s["grad_input"] + (0.0 if train.lora else mm_s["grad_weight"])
+    mm += adapter_seconds(shape, hw, tokens, tp) if train.lora else 0.0
     recompute_mm = mm_s["forward"] * r  # the share of the forward's FLOPs run again
     att_fwd, att_bwd = hw.attention_s(shape.head_dim, shape.heads / tp, s, tokens, train.attention)
     att_again = att_fwd * full_share(train.ac)
