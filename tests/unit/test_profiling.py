@@ -25,6 +25,12 @@ def test_kernel_kinds_by_name():
     assert kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "NCCL collectives"
     assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
     assert kernel_kind("void cudnn::fusion::compute_dot_do_o_specialized<true>") == "attention"
+    # a step's loss and optimizer apart from the rest, whoever wrote their kernels
+    assert kernel_kind("triton_red_fused__log_softmax__to_copy_prepare_softmax_0") == (
+        "loss (cross-entropy)"
+    )
+    assert kernel_kind("_loss_and_gradient") == "loss (cross-entropy)"
+    assert kernel_kind("_adamw_master") == "optimizer (foreach / fused)"
     assert kernel_kind("something new") == "other"
 
 

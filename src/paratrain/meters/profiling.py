@@ -3,8 +3,8 @@
 The profiled steps are left out of the throughput measurement (profiling slows them), which
 starts after them. Rank 0 writes to <output_dir>:
 - profile.txt: the wall time per step; on GPUs the kernel time per step, how busy that kept the
-  GPU, and the kernel time by kind (cuDNN convolutions, Triton kernels inductor generated, eager
-  ATen kernels, matmuls, optimizer, copies) and where the host waited for the GPU in those
+  GPU, and the kernel time by kind (matmuls, attention, the loss, the optimizer, cuDNN
+  convolutions, Triton kernels inductor generated, eager ATen kernels, copies) and where the host waited for the GPU in those
   steps (syncs.py: torch's sync debug mode, by the line that synced); then the operator table
   (by self device time on GPUs, self CPU time on the CPU);
 - trace.json.gz: the timeline, for chrome://tracing or ui.perfetto.dev.
@@ -32,8 +32,12 @@ TOP = 15
 
 # (kind, name fragments): the first kind whose fragment a kernel's name holds (lower case).
 KINDS = (
+    # before Triton's: inductor names a compiled loss's kernels triton_..._log_softmax_...;
+    # paratrain's Triton loss is _loss_and_gradient, Liger's liger_cross_entropy_kernel
+    ("loss (cross-entropy)", ("_loss_and_gradient", "log_softmax", "nll_loss", "cross_entropy")),
     ("Triton, inductor-generated", ("triton_",)),
-    ("optimizer (foreach / fused)", ("multi_tensor_apply", "fused_adam", "fused_sgd")),
+    # _adamw_master: paratrain's master-weight AdamW (optim/master_adamw_triton.py)
+    ("optimizer (foreach / fused)", ("multi_tensor_apply", "fused_adam", "fused_sgd", "_adamw")),
     # before convolution: cuDNN's attention kernels hold "cudnn" and "fprop" in their names
     # (cudnn_generated_fort_native_sdpa_sm90_flash_fprop..., cudnn::fusion::fmha_reduce_head)
     ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn::fusion")),
