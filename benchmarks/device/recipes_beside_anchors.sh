@@ -16,8 +16,9 @@
 set -uo pipefail
 BUDGET=${BUDGET:-560}
 source "$(dirname "$0")/setup.sh"  # wheels, paths, machine.txt
-# a warm machine keeps /tmp between calls: this call's tables and DBs hold this call's runs only
-rm -f /tmp/rows_*.md /tmp/results_*.db
+# a warm machine keeps /tmp between calls: this call's tables, DBs, plans and logs hold this
+# call's runs only
+rm -rf /tmp/rows_*.md /tmp/results_*.db /tmp/runs
 if [ -n "${TESTS:-}" ]; then  # TESTS="<pytest -k expression>": those GPU tests first
   timeout ${TESTS_TIMEOUT:-120} python3 -m pytest -q -rA --show-capture=no -m gpu ${TESTS_PATH:-tests/gpu} -k "$TESTS" -p no:cacheprovider -p no:benchmark 2>&1 | tee "$OUT/gpu_tests.txt" | tail -8
 fi

@@ -419,13 +419,13 @@ def test_a_failed_runs_cause_is_its_exception_not_torchruns_banner():
     from paratrain.bench.execute import cause_of
     from paratrain.bench.store import error_line
 
-    # what a worker that ran out of memory leaves under torchrun: its traceback, then the
-    # agent's own summary, which names no cause
+    # what a worker that ran out of memory leaves under torchrun: its traceback (its lines
+    # prefixed with its rank), then the agent's own summary, which names no cause
     output = """step 1
-Traceback (most recent call last):
-  File "hf_lora.py", line 160, in main
-    loss.backward()
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB.
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "hf_lora.py", line 160, in main
+[rank0]:     loss.backward()
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB.
 E1207 15:01:28 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)
 Traceback (most recent call last):
   File "torchrun", line 8, in <module>
@@ -436,9 +436,22 @@ paratrain.bench.peers.hf_lora FAILED
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================"""
     assert cause_of(output).startswith("torch.OutOfMemoryError: CUDA out of memory")
-    # a peer's own error line; else the last line; an error's headline is its first line
+    # exceptions without a message or an Error in their name; --tee's prefix; noise after
+    for tail, cause in (
+        ("AssertionError", "AssertionError"),
+        ("triton.runtime.errors.OutOfResources: out of resource: shared memory", None),
+    ):
+        text = f"[default0]:Traceback (most recent call last):\n[default0]:  File x\n{tail}\n===="
+        assert cause_of(text) == (cause or tail)
+    shutdown = "Exception ignored in: <function X.__del__>\nTraceback (most recent call last):\n"
+    assert cause_of(
+        f"Traceback (most recent call last):\n  File y\nValueError: bad\n{shutdown}  File z\n"
+        "AttributeError: 'NoneType'\n"
+    ) == ("ValueError: bad")
+    # no traceback: a tool's error line, not a metric named error; else the last line
     assert cause_of("x\nparatrain peer: error: torchtitan exited 1 (log: t.log)\n===") == (
         "paratrain peer: error: torchtitan exited 1 (log: t.log)"
     )
-    assert cause_of("one\ntwo\n") == "two"
+    assert cause_of("step 5 mean error: 0.3\nlast words\n=====\n") == "last words"
+    # a stored error's headline is its first line: the cause, where execute_run put it
     assert error_line("exit 1: RuntimeError: boom\nmore") == "exit 1: RuntimeError: boom"

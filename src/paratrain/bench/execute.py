@@ -67,20 +67,37 @@ def tail_lines(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-# A line that names an exception (torch.OutOfMemoryError: ..., RuntimeError: ...) or a tool's
-# own error line (paratrain peer: error: ..., error: ...)
-_CAUSE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*:|^[\w .:]*\berror: ", re.I)
+# torch's prefix before a worker's lines under torchrun ([rank0]: ..., with --tee [default0]:)
+_RANK = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+# a tool's own error line where no traceback says more (paratrain peer: error: ..., error: ...)
+_TOOL = re.compile(r"^(?:[\w.-]+(?: [\w.-]+)?: )?error: ")
 
 
 def cause_of(output: str) -> str:
-    """The line that says why a run failed: the last exception or error line of its output.
-    torchrun prints its own summary after the worker's traceback (a banner, ChildFailedError,
-    "To enable traceback see"), which names no cause; the last line where none is found."""
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if _CAUSE.match(line) and "ChildFailedError" not in line:
-            return line
-    return lines[-1] if lines else "(no output)"
+    """The line that says why a run failed: the exception line of its last traceback (the
+    first line after it that is not indented: the frames are), but not torchrun's own
+    (ChildFailedError, printed after the worker's) nor one Python ignored at shutdown
+    ("Exception ignored in"); else the last tool error line; else the last line that is not
+    a rule of = or -."""
+    lines = [_RANK.sub("", line).rstrip() for line in output.splitlines()]
+    cause, in_traceback, ignored = None, False, False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            in_traceback = False
+            if not ignored and "ChildFailedError" not in line:
+                cause = line
+            ignored = False
+        elif line.startswith("Exception ignored in"):
+            ignored = True
+    if cause:
+        return cause
+    tools = [line.strip() for line in lines if _TOOL.match(line.strip())]
+    if tools:
+        return tools[-1]
+    rest = [line.strip() for line in lines if line.strip().strip("=-")]
+    return rest[-1] if rest else "(no output)"
 
 
 def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
@@ -117,7 +134,10 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     elif code not in (0, None):
         status, error = "failed", f"exit {code}: {cause_of(output)}\n" + tail_lines(output)
     elif code == 0 and result is None:
-        status, error = "failed", "exited 0 without result.json: " + tail_lines(output)
+        status, error = (
+            "failed",
+            f"exited 0 without result.json: {cause_of(output)}\n" + (tail_lines(output)),
+        )
     if result is not None:
         curve = loss_curve(run_dir, result)
         if curve:

@@ -34,7 +34,10 @@ TOP = 15
 KINDS = (
     # before Triton's: inductor names a compiled loss's kernels triton_..._log_softmax_...;
     # paratrain's Triton loss is _loss_and_gradient, Liger's liger_cross_entropy_kernel
-    ("loss (cross-entropy)", ("_loss_and_gradient", "log_softmax", "nll_loss", "cross_entropy")),
+    (
+        "loss (cross-entropy)",
+        ("_loss_and_gradient", "log_softmax", "logsoftmax", "nll_loss", "cross_entropy"),
+    ),
     ("Triton, inductor-generated", ("triton_",)),
     # _adamw_master: paratrain's master-weight AdamW (optim/master_adamw_triton.py)
     ("optimizer (foreach / fused)", ("multi_tensor_apply", "fused_adam", "fused_sgd", "_adamw")),

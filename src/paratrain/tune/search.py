@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.bench.execute import execute_run
-from paratrain.bench.store import Row, Store
+from paratrain.bench.store import Row, Store, error_line
 from paratrain.bench.sweep import RunSpec
 from paratrain.config import RunConfig, load_config
 from paratrain.errors import ConfigError, UserError
@@ -179,7 +179,7 @@ class Search:
     def _read(self, trial: Trial, row: Row) -> None:
         if row.status != "ok":
             trial.status = row.status
-            trial.note = (row.error or "").strip().splitlines()[-1][:200] if row.error else ""
+            trial.note = error_line((row.error or "").strip())[:200]  # its cause (cause_of)
             return
         m = row.metrics or {}
         trial.throughput = m.get("tokens_per_s") if self.lm else m.get("unique_samples_per_s")

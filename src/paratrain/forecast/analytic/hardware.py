@@ -240,7 +240,7 @@ def _collectives(table, where: str) -> dict:
         value = table.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise UserError(f"hardware profile {where}: collectives.{key} must be a number >= 0")
-        if key in ("channels", "sms") and value != int(value):
+        if key in ("channels", "sms") and not (math.isfinite(value) and value == int(value)):
             raise UserError(f"hardware profile {where}: collectives.{key} must be a whole number")
         out[key] = float(value) if key.startswith("latency") else int(value)
     if out["channels"] and not out["channels"] < out["sms"]:

@@ -306,7 +306,8 @@ def adapter_seconds(shape: Shape, hw: Hardware, tokens: int, tp: int) -> float:
     """A layer's LoRA adapters (rank LORA_RANK on LORA_TARGETS), forward and backward: per
     adapted linear six GEMMs with one side of width r (x A, (x A) B; dY B^T, (dY B^T) A^T; both
     weights' gradients), each reading or writing a [tokens, width] tensor: memory-bound, so
-    each at the larger of its FLOPs at the table's rate and its bytes at the HBM rate."""
+    each at the larger of its FLOPs at the profile's derated matmul rate (the rates table
+    holds no r-wide shapes) and its bytes at the HBM rate."""
     total, r = 0.0, LORA_RANK
     for name in LORA_TARGETS:
         i, o = shape.linears()[name]
@@ -573,8 +574,10 @@ def predict(shape: Shape, hw: Hardware, layout: Cut, train: Training) -> dict:
     opt = 0.0 if train.lora else opt  # the adapters' update: ~0.1% of the weights
     fsdp = fsdp_terms(shape, hw, layout, train, layers_here, layer)
     # what compute loses to the collectives it hides: NCCL's CTAs hold an SM each while they
-    # run, so the compute under them runs on the rest (Hardware.collective_sm_share)
-    hidden = fsdp["fsdp_comm_s"] - fsdp["fsdp_exposed_s"] + (tp_comm - tp_exposed) * m * layers_here
+    # run, so the compute under them runs on the rest (Hardware.collective_sm_share). FSDP's
+    # alone: plain TP hides nothing, and async TP moves its pieces with the copy engines
+    # (symmetric memory), not NCCL's SMs
+    hidden = fsdp["fsdp_comm_s"] - fsdp["fsdp_exposed_s"]
     shared = max(hidden, 0.0) * hw.collective_sm_share
     step = work + idle + p2p + opt + fsdp["fsdp_exposed_s"] + fsdp["fsdp_copies_s"] + shared
     tokens_gpu = train.local_batch * train.seq_len / (tp * p)
