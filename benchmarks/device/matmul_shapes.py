@@ -17,7 +17,8 @@ the gradients' on the tensorwise kernel, unit scales, no fast accumulation (torc
 output after); the lm_head in bf16 only (torchtitan's). A shape met again (a fused op at 2t is the
 separate one at t) is timed once, reported under each name ("shared": the numbers are another's).
 Attention: sdpa causal, forward and backward apart, bf16, k/v expanded to the query heads
-(torchtitan's repeat_kv), flash and cuDNN, each model's heads / t, seq 2,048 / 4,096 / 8,192 at
+(torchtitan's repeat_kv) and, as "<backend>_gqa", shared through enable_gqa (transformers' sdpa
+path on torch >= 2.5: paratrain's decoder), flash and cuDNN, each model's heads / t, seq 2,048 / 4,096 / 8,192 at
 batch 16,384 / seq; FLOPs 4 b h s^2 d / 2 forward (the causal half), 2.5x that backward.
 
 Timing (CUDA events after a warm-up, as matmul_bound.py, work_kinds_calibrate.py): a large GEMM runs
@@ -28,6 +29,7 @@ with NVML's SM clock and power (read only). Calls under 0.1 ms replay a CUDA gra
 Python's launches. The hold shrinks to keep within --budget.
     PYTHONUNBUFFERED=1 python3 benchmarks/device/matmul_shapes.py --out $OUT --budget 240
     python3 benchmarks/device/matmul_shapes.py --small --out /tmp/ms     # CPU check of the code
+    python3 benchmarks/device/matmul_shapes.py --attention-only --out $OUT --budget 120
 -> --out/matmul_shapes.json ({"meta": ..., "rows": [...]}, a row a line), matmul_shapes.md.
 """
 
@@ -193,20 +195,33 @@ def timed(fn, hold, dev, side=None, probe=dict):
     return dict(ms=ms, spread=(max(ts) - min(ts)) / ms, calls=calls, graph=bool(graph), **seen)
 
 
+def grouped_here(g, model, tp) -> bool:
+    """Whether a TP rank of the model has fewer k/v heads than query heads (GQA left)."""
+    _, _, heads, kvh = g["models"][model]
+    return max(kvh // tp, 1) < heads // tp
+
+
 def attention_job(job, g, dev, hold, probe):
     """Forward, then backward alone (autograd.grad over the kept graph), under one backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    model, tp, seq, backend = job
+    model, tp, seq, backend, layout = job
     h, _, heads, kvh = g["models"][model]
     d, hq, hk, b = h // heads, heads // tp, max(kvh // tp, 1), max(1, g["att_tokens"] // seq)
+    grouped = layout == "grouped"
     info = dict(kind="attention", model=model, tp=tp, head_dim=d, heads=hq, kv_heads=hk)
-    info.update(seq=seq, batch=b, backend=backend, causal=True, kv="expanded to the heads")
-    q, k, v, dout = (torch.randn(b, hq, seq, d, device=dev).bfloat16() for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))  # k, v: hk heads, each repeated hq / hk
+    # grouped: k and v keep their hk heads and sdpa shares them (enable_gqa, as transformers'
+    # sdpa path and paratrain's decoder call it on torch >= 2.5), under a backend of its own
+    # name in the table ("cudnn_gqa"); expanded: each repeated hq / hk times first (torchtitan
+    # 2024's repeat_kv)
+    info.update(seq=seq, batch=b, backend=f"{backend}_gqa" if grouped else backend, causal=True)
+    info.update(kv="grouped (enable_gqa)" if grouped else "expanded to the heads")
+    q, dout = (torch.randn(b, hq, seq, d, device=dev).bfloat16() for _ in range(2))
+    k, v = (torch.randn(b, hk if grouped else hq, seq, d, device=dev).bfloat16() for _ in range(2))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     forward, rows = 4 * b * hq * seq * seq * d / 2, []
     with sdpa_kernel([getattr(SDPBackend, KERNELS.get(backend, "MATH"))]):
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)  # noqa: E731
         for name, flops in zip(PASSES, (forward, 2.5 * forward), strict=True):
             try:
                 if name == "forward":
@@ -271,6 +286,7 @@ def main():
     start = time.perf_counter()
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU: checks the code")
+    ap.add_argument("--attention-only", action="store_true", help="attention's rows alone")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget", type=float, default=240, help="seconds from start, at most")
     ap.add_argument("--hold", type=float, default=None, help="s a measurement (0.05; small 0.002)")
@@ -284,11 +300,15 @@ def main():
     meta.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version() if cuda else None)
     meta.update(nvml=info(), grid={k: sorted(v) if k == "skip" else v for k, v in g.items()})
     meta.update(flops="GEMM 2 M N K; attention 4 b h s^2 d / 2 forward (causal), 2.5x backward")
-    rows, specs = gemm_grid(g)
+    rows, specs = ([], {}) if args.attention_only else gemm_grid(g)
     pools = make_pools(specs, dev)
     backends = list(KERNELS) if cuda else ["math"]
-    att = itertools.product(g["models"], g["tps"], g["seqs"], backends)
-    att = [("attention", a) for a in att if a[:2] not in g["skip"]]
+    att = itertools.product(g["models"], g["tps"], g["seqs"], backends, ("expanded", "grouped"))
+    att = [
+        ("attention", a)
+        for a in att
+        if a[:2] not in g["skip"] and (a[4] == "expanded" or grouped_here(g, *a[:2]))
+    ]
     jobs = [("gemm", key) for key in specs] + att
     random.Random(0).shuffle(jobs)  # one steady mix of shapes all through (see the docstring)
     if cuda and args.heat > 0:  # a bf16 GEMM of 8,192^3: the GPU at its power-limited state
@@ -383,7 +403,8 @@ def markdown(meta, gemms, atts, g):
     heads = [f"{b} {p}" for b in backends for p in PASSES]
     lines += [
         f"\nAttention, causal, TFLOP/s (the causal half counted), batch x seq = "
-        f"{g['att_tokens']:,} tokens, k/v expanded to the heads:\n",
+        f"{g['att_tokens']:,} tokens, k/v expanded to the heads (a backend's _gqa columns: "
+        "k/v heads shared through sdpa's enable_gqa):\n",
         "| model | tp | heads / kv | head dim | seq | " + " | ".join(heads) + " |",
         "|---|---:|---:|---:|---:|" + "---:|" * (2 * len(backends)),
     ]
