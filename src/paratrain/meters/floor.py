@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +75,7 @@ def floor(
     timed: dict[Matmul | Attention, float] = {}
     totals = {"matmul_s": 0.0, "attention_s": 0.0}
     for w in work:
-        key = Matmul(w.m, w.n, w.k) if isinstance(w, Matmul) else _once(w)
+        key = replace(w, count=1)  # a shape's time, whatever its count
         if key not in timed:
             run = matmul_s if isinstance(w, Matmul) else attention_s
             timed[key] = run(key, device, dtype)
@@ -82,13 +83,11 @@ def floor(
     return {**totals, "floor_s": totals["matmul_s"] + totals["attention_s"]}
 
 
-def _once(w: Attention) -> Attention:
-    return Attention(w.batch, w.heads, w.kv_heads, w.seq, w.head_dim)
-
-
-def words(found: dict, step_s: float) -> str:
-    """The summary's line: the floor, its parts, and how far above it the step is."""
-    above = step_s / found["floor_s"] - 1 if found["floor_s"] else float("nan")
+def words(found: dict) -> str:
+    """The summary's line: the floor, its parts, and how far above it the step is (a
+    summary.floor: floor_s, matmul_s, attention_s, dtype, step_s, above)."""
+    step_s, above = found["step_s"], found["above"]
+    above = float("nan") if above is None else above
     return (
         f"floor {found['floor_s'] * 1e3:,.1f} ms a step (matmuls {found['matmul_s'] * 1e3:,.1f} "
         f"+ attention {found['attention_s'] * 1e3:,.1f} ms, {found['dtype']}, timed alone here); "

@@ -437,8 +437,7 @@ def floor_of(built, k: int, result: dict[str, Any]) -> dict[str, Any]:
         return {"skipped": "a sharded or split model's ranks run other shapes than the model's"}
     from paratrain.meters import floor as floors
 
-    precision = built.cfg.precision
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    dtype = built.policy.autocast_dtype or torch.float32  # the run's compute dtype (fp64: fp32)
     found = floors.floor(built.work.floor, built.env.device, dtype)
     found = {key: value * k for key, value in found.items()}
     step = result["summary"]["step_time_s"]
@@ -467,7 +466,7 @@ def floor_words(floor: dict[str, Any] | None) -> str:
         return f"\nparatrain: floor not timed ({floor['skipped']})"
     from paratrain.meters.floor import words
 
-    return f"\nparatrain: {words(floor, floor['step_s'])}"
+    return f"\nparatrain: {words(floor)}"
 
 
 def reserved_words(reserved: int | None) -> str:

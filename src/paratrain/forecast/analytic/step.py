@@ -308,17 +308,14 @@ def adapter_seconds(shape: Shape, hw: Hardware, tokens: int, tp: int) -> float:
     weights' gradients), each reading or writing a [tokens, width] tensor: memory-bound, so
     each at the larger of its FLOPs at the profile's derated matmul rate (the rates table
     holds no r-wide shapes) and its bytes at the HBM rate."""
-    total, r = 0.0, LORA_RANK
+    total = 0.0
     for name in LORA_TARGETS:
         i, o = shape.linears()[name]
         i, o = (i, o // tp) if name in COLUMN_PARALLEL else (i // tp, o)
-        for m, n, k in (
-            (tokens, r, i), (tokens, o, r),  # forward
-            (tokens, r, o), (tokens, i, r),  # the input's gradient through B, then A
-            (r, i, tokens), (o, r, tokens),  # A's and B's gradients
-        ):  # fmt: skip
-            moved = 2 * (m * k + k * n + m * n)  # bf16 operands and result
-            total += max(2 * m * n * k / hw.matmul_flops(), moved / hw.memory_bytes_s())
+        # A (in -> r) and B (r -> out), each a linear layer whose weight trains
+        for g in linear_matmuls(tokens, i, LORA_RANK) + linear_matmuls(tokens, LORA_RANK, o):
+            moved = 2 * (g.m * g.k + g.k * g.n + g.m * g.n)  # bf16 operands and result
+            total += max(2 * g.m * g.n * g.k / hw.matmul_flops(), moved / hw.memory_bytes_s())
     return total
 
 
