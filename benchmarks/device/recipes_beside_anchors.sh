@@ -65,5 +65,5 @@ done > "$OUT/plans.txt"
 { cat /tmp/machine.txt
 for f in /tmp/runs/*/*/log.txt /tmp/runs/*/*/torchtitan.log; do
   [ -e "$f" ] || continue
-  echo "== $f"; grep -aiE "error|Traceback|tokens/s|samples/s|warn" "$f" | tail -6
+  echo "== $f"; grep -aiE "error|Traceback|tokens/s|samples/s|warn|unsloth" "$f" | tail -12
 done; } > "$OUT/logs.txt" 2>/dev/null

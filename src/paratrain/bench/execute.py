@@ -24,10 +24,12 @@ PEER_MODULES = {
     "sol": "paratrain.bench.peers.sol",
     "hf_lora": "paratrain.bench.peers.hf_lora",
     "torchtitan": "paratrain.bench.peers.torchtitan_ref",
+    "unsloth_lora": "paratrain.bench.peers.unsloth_lora",
 }
-# Started as one process: the speed-of-light program, and torchtitan's peer (it launches
-# torchtitan's own entry point under torchrun itself).
-ONE_PROCESS = ("sol", "torchtitan")
+# Started as one process: the speed-of-light program, torchtitan's peer (it launches
+# torchtitan's own entry point under torchrun itself), and Unsloth's (one GPU, no torchrun
+# variables for it to read as a distributed launch).
+ONE_PROCESS = ("sol", "torchtitan", "unsloth_lora")
 SKIPPED_EXIT = 3  # a peer whose library is not installed
 
 

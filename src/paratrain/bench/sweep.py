@@ -30,7 +30,16 @@ from paratrain.config import RunConfig, load_config, parse_override, read_yaml
 from paratrain.errors import ConfigError
 from paratrain.runplan import resolve
 
-PROGRAMS = ("paratrain", "plain", "accelerate", "fabric", "sol", "hf_lora", "torchtitan")
+PROGRAMS = (
+    "paratrain",
+    "plain",
+    "accelerate",
+    "fabric",
+    "sol",
+    "hf_lora",
+    "torchtitan",
+    "unsloth_lora",
+)
 TABLES = ("dp_modes", "precision", "pin_memory", "variants", "llm", "sync", "plain")
 _KEYS = {
     "name",
