@@ -1,0 +1,86 @@
+"""The Unsloth peer (issue 62, item 1): what it refuses to run, the folder of random weights it
+writes for Unsloth to load (written whole or not at all, kept only under
+PARATRAIN_RANDOM_WEIGHTS, and a folder that is not its own never loaded or touched), and the
+program skipped where Unsloth is not installed. Unsloth's own training runs on the lent GPU
+(benchmarks/device/unsloth_wheels.sh, recipes/bench/lora_speed.yaml)."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from paratrain.bench.peers import unsloth_lora
+from paratrain.config import load_config, to_yaml
+
+RECIPE = "recipes/tiny_lora_cpu.yaml"
+HAS_UNSLOTH = importlib.util.find_spec("unsloth") is not None
+
+
+def cfg(*overrides):
+    """The config as the peer reads it: resolved with levers=plain (common.read_plan)."""
+    from paratrain.runplan import resolve
+
+    c = load_config(RECIPE, ["precision=bf16", *overrides])
+    c.levers = "plain"
+    return resolve(c).config
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["precision=fp32"], ["model.kernels=liger"], ["train.compile=true"], ["lora.enabled=false"]],
+)
+def test_what_the_peer_cannot_run_exits_2_with_one_line(overrides, capsys):
+    with pytest.raises(SystemExit) as stop:
+        unsloth_lora.check_supported(cfg(*overrides))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsloth_lora: runs LoRA" in err
+
+
+def test_the_recipe_as_it_stands_is_accepted():
+    unsloth_lora.check_supported(cfg())  # no exit
+
+
+def test_random_weights_written_whole_then_reused_for_the_same_shape(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    c = cfg()
+    folder = tmp_path / "rw"
+    assert not unsloth_lora.reusable(folder, c)
+    unsloth_lora.write_random_model(c, folder, __import__("torch").device("cpu"))
+    assert not folder.with_name("rw.partial").exists()
+    assert json.loads((folder / unsloth_lora.MARKER).read_text())["shape"] == "tiny"
+    assert AutoConfig.from_pretrained(folder).model_type == "llama"
+    assert AutoTokenizer.from_pretrained(folder)("ab")["input_ids"] == [97, 98]
+    assert unsloth_lora.reusable(folder, c)
+    with pytest.raises(SystemExit) as stop:  # another seed's folder is not this run's
+        unsloth_lora.reusable(folder, cfg("seed=7"))
+    assert stop.value.code == 2
+
+
+def test_a_folder_that_is_not_the_peers_is_refused_and_left_as_it_was(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("a user's file")
+    with pytest.raises(SystemExit) as stop:
+        unsloth_lora.reusable(folder, cfg())
+    assert stop.value.code == 2 and "not touched" in capsys.readouterr().err
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    partial = tmp_path / "rw.partial"
+    partial.mkdir()
+    with pytest.raises(SystemExit):  # a broken-off write is not overwritten either
+        unsloth_lora.write_random_model(cfg(), tmp_path / "rw", __import__("torch").device("cpu"))
+    assert partial.is_dir() and not (tmp_path / "rw").exists()
+
+
+@pytest.mark.skipif(HAS_UNSLOTH, reason="unsloth is installed here")
+def test_peer_is_skipped_without_unsloth(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg()))
+    monkeypatch.setattr(sys, "argv", ["unsloth_lora", str(path), str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        unsloth_lora.main()
+    assert stop.value.code == 3
+    assert "skipped: unsloth is not installed" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
