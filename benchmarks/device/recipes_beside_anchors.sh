@@ -3,7 +3,8 @@
 # beside their anchors, each ratio from the same call. MODE is one or more of, in this order:
 #   lora:   8B LoRA (recipes/bench/lora_speed.yaml): transformers + peft eager, with each decoder
 #           layer compiled, with Liger; paratrain as shipped in bf16 and with model.fp8=delayed
-#           (its one opt-in flag); ONLY_LORA adds or replaces rows ("=label" picks one exactly);
+#           (its one opt-in flag); ONLY_LORA adds or replaces rows ("=label" picks one exactly),
+#           REF_LORA the reference, PAIRS_LORA the label pairs whose losses are laid together;
 #   images: MobileNetV2 at 500 px (recipes/bench/speed.yaml, one GPU): the seed-style script,
 #           recipes/mnist_sample_mobilenetv2_fastest.yaml as shipped ("paratrain fastest") and
 #           the fastest hand-flagged row of issue 34 (row B: Triton at stride 2 everywhere);
@@ -35,11 +36,12 @@ bench() {  # bench <mode> <sweep> <reference> <default rows> [pairs...]
 }
 for mode in ${MODE:-lora images full}; do
 case $mode in
-lora)
-  bench lora lora_speed "transformers + peft" \
+lora)  # REF_LORA and PAIRS_LORA ('"A=B" ...') replace the reference and the loss pairs
+  pairs='"transformers + peft, compiled=transformers + peft" "transformers + peft + Liger=transformers + peft" "paratrain as shipped=transformers + peft" "paratrain as shipped + model.fp8=delayed=transformers + peft"'
+  eval "pairs=(${PAIRS_LORA:-$pairs})"
+  bench lora lora_speed "${REF_LORA:-transformers + peft}" \
     '"=transformers + peft" "=transformers + peft, compiled" "=transformers + peft + Liger" "=paratrain as shipped" "=paratrain as shipped + model.fp8=delayed"' \
-    "transformers + peft, compiled=transformers + peft" "transformers + peft + Liger=transformers + peft" \
-    "paratrain as shipped=transformers + peft" "paratrain as shipped + model.fp8=delayed=transformers + peft"
+    "${pairs[@]}"
   ;;
 images)
   bench images speed "plain PyTorch (seed style)" \
