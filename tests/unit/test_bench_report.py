@@ -313,6 +313,7 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
     assert {r.label for r in more.runs} == {
         "transformers + peft",
         "transformers + peft + Liger",
+        "transformers + peft + Liger, compiled",
         "transformers + peft, compiled",
         "transformers + peft, compiled, largest batch (6)",
         "paratrain compile + chunked loss + fp8 tensorwise",
@@ -321,8 +322,8 @@ def test_only_and_repeats_add_runs_beside_the_stored_ones():
         "paratrain compiled + fused AdamW + CUDA graphs, fp8 tensorwise",
         "paratrain compiled + fused AdamW, fp8 tensorwise + float8 lm_head",
     }
-    # two variants on 1 and 2 GPUs, seven on 1 GPU only (their own grid), x 3 repeats
-    assert len(more.runs) == (2 * 2 + 7) * 3
+    # two variants on 1 and 2 GPUs, eight on 1 GPU only (their own grid), x 3 repeats
+    assert len(more.runs) == (2 * 2 + 8) * 3
     # repeat 0 is the run already stored: a report then has three to take the median of
     assert {r.key for r in more.runs if r.repeat == 0} < {r.key for r in base.runs}
     # "=label" keeps the one row of that label, not the rows whose labels contain it

@@ -116,6 +116,10 @@ def test_a_runs_loss_curve_is_its_step_log_or_its_peers_losses(tmp_path):
         "config": {"log": {"every_steps": 2}},
     }
     assert loss_curve(tmp_path / "none", every) == [[2, 3.0], [4, 2.0], [5, 5.0]]
+    # a loss that stopped being a number (NaN is written as null): the curve ends before it
+    nan = {"summary": {"losses": [4.0, 2.0, 3.0, None, 5.0]}, "config": every["config"]}
+    assert loss_curve(tmp_path / "none", nan) == [[2, 3.0], [3, 3.0]]
+    assert loss_curve(tmp_path / "none", {"summary": {"losses": [float("nan")]}}) == []
 
 
 CHROMIUM = next((c for c in ("chromium", "chromium-browser") if shutil.which(c)), None)

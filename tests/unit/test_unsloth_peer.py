@@ -84,3 +84,24 @@ def test_peer_is_skipped_without_unsloth(tmp_path, monkeypatch, capsys):
     assert stop.value.code == 3
     assert "skipped: unsloth is not installed" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_a_peer_run_whose_loss_stops_being_a_number_is_stored_failed(tmp_path, monkeypatch):
+    """Unsloth at batch 8 on the lent H100 (2026-12-07) trained on with a NaN loss from step 30
+    and exited 0: such a run's speed is kept in its metrics, the row says why it failed."""
+    from paratrain.bench import execute
+    from paratrain.bench.sweep import RunSpec
+
+    losses = "[3.0, 2.5, float('nan'), 2.0]"
+    script = (
+        "import json, pathlib, sys; "
+        f"s = {{'unique_samples_per_s': 9.0, 'losses': {losses}}}; "
+        "pathlib.Path(sys.argv[1], 'result.json').write_text(json.dumps({'summary': s}))"
+    )
+    monkeypatch.setattr(
+        execute, "command_for", lambda run, d: [sys.executable, "-c", script, str(d)]
+    )
+    run = RunSpec("s", "peer", "unsloth_lora", {}, [], cfg(), 0)
+    row = execute.execute_run(run, tmp_path / "run", timeout_s=60)
+    assert row.status == "failed" and row.error == "loss not a finite number from step 3 of 4"
+    assert row.unique_samples_per_s == 9.0 and row.result["curve"][-1][0] == 2

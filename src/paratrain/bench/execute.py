@@ -4,6 +4,7 @@ result stored at once; a failed run is recorded with its error and the sweep goe
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -140,6 +141,12 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
             "failed",
             f"exited 0 without result.json: {cause_of(output)}\n" + (tail_lines(output)),
         )
+    stopped = first_not_finite((result or {}).get("summary") or {})
+    if status == "ok" and stopped:
+        # a peer that trained on after its loss stopped being a number: its speed is kept in
+        # the metrics, but it is not a training run's (Unsloth at batch 8, 2026-12-07)
+        n = len(result["summary"]["losses"])
+        status, error = "failed", f"loss not a finite number from step {stopped} of {n}"
     if result is not None:
         curve = loss_curve(run_dir, result)
         if curve:
@@ -192,11 +199,22 @@ def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:
     every = (config.get("log") or {}).get("every_steps") or log_every(
         int((config.get("train") or {}).get("max_steps") or 0)
     )
+    stopped = first_not_finite({"losses": losses})
+    losses = losses[: stopped - 1] if stopped else losses  # the curve ends where the loss did
     points = []
     for end in range(every, len(losses) + every, every):
         chunk = losses[end - every : end]
         points.append([end - every + len(chunk), sum(chunk) / len(chunk)])
     return points
+
+
+def first_not_finite(summary: dict) -> int | None:
+    """The first step (from 1) whose loss in a peer's summary.losses is NaN or infinite (JSON
+    keeps those as null or NaN), or None."""
+    for step, loss in enumerate(summary.get("losses") or [], 1):
+        if loss is None or not math.isfinite(loss):
+            return step
+    return None
 
 
 def _host() -> dict:
