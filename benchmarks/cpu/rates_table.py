@@ -3,7 +3,9 @@ names in [tables] (src/paratrain/forecast/analytic/rates.py reads it): each GEMM
 (a shape measured under several names is one row), float8 tensorwise as "float8" (torchao's
 default recipe, torchtitan's), rowwise as "float8_rowwise"; attention by backend, head dim,
 a rank's heads and sequence, forward and backward.
-    python3 benchmarks/cpu/rates_table.py RESULTS/matmul_shapes.json OUT.json "source text"
+    python3 benchmarks/cpu/rates_table.py RESULTS/matmul_shapes.json [MORE.json ...] OUT.json "source text"
+Several sweeps: a GEMM shape or an attention backend is taken from the first file that measured
+it (a later call adds what the first lacks, e.g. --attention-only's <backend>_gqa rows).
 """
 
 import json
@@ -12,9 +14,16 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-rows = json.loads(Path(sys.argv[1]).read_text())["rows"]
+*inputs, out_path, source = sys.argv[1:]
 gemm, att = defaultdict(list), defaultdict(lambda: defaultdict(list))
-seen = set()
+seen, rows = set(), []
+for i, path in enumerate(inputs):
+    earlier = {r["backend"] for r in rows if r["kind"] == "attention"}
+    rows += [
+        dict(r, _file=i)
+        for r in json.loads(Path(path).read_text())["rows"]
+        if r["kind"] != "attention" or r["backend"] not in earlier
+    ]
 for r in rows:
     if r["kind"] == "gemm" and not r.get("shared"):
         dtype = (
@@ -43,9 +52,9 @@ attention = {
     for b, points in att.items()
 }
 out = {
-    "source": sys.argv[3],
+    "source": source,
     "gemm": {k: sorted(v) for k, v in gemm.items()},
     "attention": attention,
 }
-Path(sys.argv[2]).write_text(json.dumps(out, separators=(",", ":")) + "\n")
+Path(out_path).write_text(json.dumps(out, separators=(",", ":")) + "\n")
 print({k: len(v) for k, v in gemm.items()}, {k: len(v) for k, v in attention.items()})

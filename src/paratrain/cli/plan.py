@@ -125,9 +125,10 @@ def add(sub) -> None:
     )
     paper.add_argument(
         "--attention",
-        choices=("flash", "cudnn"),
+        choices=("flash", "cudnn", "flash_gqa", "cudnn_gqa"),
         help="sdpa's attention kernel (default: the profile's; cudnn on h100-sxm and h200, what "
-        "torch 2.11 picks there; flash for stacks before it)",
+        "torch 2.11 picks there; flash for stacks before it); _gqa: k/v heads shared through "
+        "enable_gqa, as paratrain's decoder runs them, where the rates table has them (h100-sxm)",
     )
     paper.add_argument(
         "--loss",

@@ -55,7 +55,9 @@ AC_MODES = ("none", "selective", "full")  # what the search weighs and --ac name
 # every second layer checkpointed whole, the others keep everything; published rows use it
 LAYER_AC = "layer"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-ATTENTION = ("flash", "cudnn")  # sdpa's kernels the rates tables hold
+# sdpa's kernels the rates tables hold; "_gqa": k/v heads shared through enable_gqa (paratrain's
+# decoder), the others with k/v expanded to the query heads first (torchtitan's repeat_kv)
+ATTENTION = ("flash", "cudnn", "flash_gqa", "cudnn_gqa")
 
 # HBM bytes per token of a layer's forward memory-bound ops, as multiples of the widths they
 # touch (bf16 activations). Eager: RMSNorm in fp32 (cast, square, mean, scale, cast back, weight:
