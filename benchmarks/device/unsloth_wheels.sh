@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # Unsloth for the LoRA peers' rows (recipes/bench/lora_speed.yaml, program unsloth_lora), as
-# wheels for the GPU machine (Python 3.12, nothing reachable), into the git-ignored .uwhl/ in two
-# halves: one call carries at most 64 MiB with the tree (~25 MB), and unsloth's wheel alone is
-# 29 MB (its web UI, studio/, is most of it). .uwhl/a: unsloth; .uwhl/b: what `import unsloth` and
-# its 16-bit LoRA path import that the machine lacks (unsloth_zoo, trl, datasets and theirs,
-# xformers). Not bitsandbytes (43 MB): Unsloth uses it only for 4-/8-bit loading and 8-bit
-# AdamW, and imports without it ("16bit LoRA and full finetuning work without it").
+# wheels for the GPU machine (Python 3.12, nothing reachable), into the git-ignored .uwhl/. One
+# call carries at most 64 MiB with the tree (~25 MB), so they travel in parts over calls on one
+# warm machine (it keeps /tmp between calls and goes back after 30 s idle: chain them):
+#   .uwhl/a   unsloth (29 MB, its web UI studio/ most of it)
+#   .uwhl/b   what `import unsloth` and its 16-bit LoRA path import that the machine lacks:
+#             unsloth_zoo, trl, datasets and theirs, xformers (it falls back to sdpa when its
+#             build does not match the machine's torch, and says so)
+#   .uwhl/c1, .uwhl/c2   bitsandbytes 0.50.2 (43 MB) cut in two (`split`, joined by `cat`):
+#             on a GPU `import unsloth` stops without it ("Please install bitsandbytes"), though
+#             16-bit LoRA runs none of its kernels
 #   bash benchmarks/device/unsloth_wheels.sh
-# Then one call stashes the first half on the warm machine and the next installs both:
-#   device run (carry .uwhl/a):       mkdir -p /tmp/uwhl && cp .uwhl/a/*.whl /tmp/uwhl/; ...
-#   device run (carry .whl .uwhl/b .commit):  EXTRA_WHEELS="/tmp/uwhl .uwhl/b" ... bash benchmarks/device/recipes_beside_anchors.sh
+# The calls, as run on 2026-12-07 (benchmarks/results/2026-12-07-h100x1/lora_peers/README.md):
+#   carry .uwhl/a .commit:   mkdir -p /tmp/uwhl && cp .uwhl/a/*.whl /tmp/uwhl/ [&& a short job]
+#   carry .uwhl/c1 .commit:  cp .uwhl/c1/bnb.part.aa /tmp/
+#   carry .whl .uwhl/b .uwhl/c2 .commit:
+#     cat /tmp/bnb.part.aa .uwhl/c2/bnb.part.ab > /tmp/uwhl/bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl
+#     export HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1 PARATRAIN_RANDOM_WEIGHTS=/tmp/rw \
+#       EXTRA_WHEELS="/tmp/uwhl .uwhl/b" MODE=lora ONLY_LORA='"=Unsloth, no gradient checkpointing" ...'
+#     bash benchmarks/device/recipes_beside_anchors.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
-mkdir -p .uwhl/a .uwhl/b
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1 \
+  | grep -v "^WARNING: Location" || true; }
+mkdir -p .uwhl/a .uwhl/b .uwhl/c1 .uwhl/c2 .uwhl/bnb
 get .uwhl/a unsloth==2026.10.9
 get .uwhl/b unsloth_zoo==2026.10.9 trl==1.15.0 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 \
   msgspec==0.23.0 cut_cross_entropy==25.1.1 json5 nest-asyncio structlog xformers==0.0.35
-du -sh .uwhl/a .uwhl/b
+get .uwhl/bnb bitsandbytes==0.50.2
+split -b 22000000 .uwhl/bnb/bitsandbytes-0.50.2-*.whl .uwhl/bnb.part.
+mv .uwhl/bnb.part.aa .uwhl/c1/bnb.part.aa
+mv .uwhl/bnb.part.ab .uwhl/c2/bnb.part.ab
+du -sh .uwhl/a .uwhl/b .uwhl/c1 .uwhl/c2
