@@ -6,7 +6,8 @@
 # (their throughput beside the forecast too). Runs are cut to 12 steps except the shipped two.
 # Back (flat): memory.md, memory.json, runs.txt, machine.txt, profile_1b_b8.txt,
 # profile_8b_lora_b2.txt (3 profiled steps after warm-up, out of the throughput; each
-# with trace_gaps.py's idle time appended).
+# with trace_gaps.py's idle time appended). RUNS replaces the runs ("label|recipe|overrides" a
+# line), PROFILES the labels whose profile comes back (theirs set train.profile_steps).
 #   device run (carry .whl .commit):  bash benchmarks/device/forecast_memory.sh
 set -uo pipefail
 BUDGET=${BUDGET:-560}
@@ -36,7 +37,7 @@ printf '%s\n' "${done_runs[@]}" > /tmp/done.txt
 python3 benchmarks/device/forecast_memory.py /tmp/runs /tmp/done.txt "$OUT"
 cp /tmp/machine.txt "$OUT/"
 # each profile with where its GPU sat idle (trace_gaps.py) appended: 8 files come back at most
-for p in 1b_b8 8b_lora_b2; do
+for p in ${PROFILES:-1b_b8 8b_lora_b2}; do  # PROFILES: the labels whose runs profile
   { cat "/tmp/runs/$p/profile.txt"; echo; echo "== trace_gaps.py"
     python3 benchmarks/device/trace_gaps.py "/tmp/runs/$p/trace.json.gz" --steps 3; } \
     > "$OUT/profile_$p.txt" 2>&1
