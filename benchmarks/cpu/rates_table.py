@@ -14,13 +14,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-*inputs, out_path, source = sys.argv[1:]
+*inputs, out_path, source = sys.argv[1:] if len(sys.argv) > 3 else sys.exit(__doc__)
+if out_path in inputs or out_path.endswith("matmul_shapes.json") or source.endswith(".json"):
+    sys.exit(f"rates_table.py: {out_path} would overwrite a sweep (the source text missing?)")
 gemm, att = defaultdict(list), defaultdict(lambda: defaultdict(list))
 seen, rows = set(), []
-for i, path in enumerate(inputs):
+for path in inputs:
     earlier = {r["backend"] for r in rows if r["kind"] == "attention"}
     rows += [
-        dict(r, _file=i)
+        r
         for r in json.loads(Path(path).read_text())["rows"]
         if r["kind"] != "attention" or r["backend"] not in earlier
     ]

@@ -21,14 +21,17 @@
 #     bash benchmarks/device/recipes_beside_anchors.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1 \
-  | grep -v "^WARNING: Location" || true; }
+get() {  # a failed download stops the script (its output shown), pip's location notes dropped
+  local log; log=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1) \
+    || { echo "$log"; exit 1; }
+  echo "$log" | grep -v "^WARNING: Location" || true
+}
 mkdir -p .uwhl/a .uwhl/b .uwhl/c1 .uwhl/c2 .uwhl/bnb
 get .uwhl/a unsloth==2026.10.9
 get .uwhl/b unsloth_zoo==2026.10.9 trl==1.15.0 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 \
-  msgspec==0.23.0 cut_cross_entropy==25.1.1 json5 nest-asyncio structlog xformers==0.0.35
+  msgspec==0.23.0 cut_cross_entropy==25.1.1 json5==0.17.3 nest-asyncio==1.6.0 structlog==26.1.0 xformers==0.0.35
 get .uwhl/bnb bitsandbytes==0.50.2
 split -b 22000000 .uwhl/bnb/bitsandbytes-0.50.2-*.whl .uwhl/bnb.part.
 mv .uwhl/bnb.part.aa .uwhl/c1/bnb.part.aa

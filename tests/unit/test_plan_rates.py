@@ -128,3 +128,28 @@ def test_a_bad_table_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"\[tables\] holds rates and attention_backend"):
         hardware.load(str(path))
     assert math.isfinite(H100.gemm_s(8192, 8192, 8192))
+
+
+def test_attention_with_shared_kv_heads_is_its_own_rows_and_a_table_without_them_says_so(tmp_path):
+    """paratrain's decoder shares k/v heads through sdpa's enable_gqa: the `_gqa` rows (a lent
+    H100, benchmarks/results/2026-12-07-h100x1/attention_gqa/) price it; a table without them is
+    one line, not a guess from the expanded rows."""
+    table = H100.rates
+    for backend in ("flash", "cudnn"):
+        shared = table.attention_tflops(64, 32, 2048, f"{backend}_gqa")
+        assert shared != table.attention_tflops(64, 32, 2048, backend)
+        assert all(100 < r < 1000 for r in shared)
+    s = shapes.shape("llama3.2-1b")
+    train = Training(seq_len=2048, local_batch=8, attention="cudnn_gqa")
+    assert predict(s, H100, Cut(gpus=1), train)["tps_per_gpu"] > 0
+    with pytest.raises(UserError, match="attention: 'xformers'"):
+        predict(s, H100, Cut(gpus=1), replace(train, attention="xformers"))
+    old = json.loads((hardware.PROFILES / "h100-sxm-700w.rates.json").read_text())
+    old["attention"] = {k: v for k, v in old["attention"].items() if not k.endswith("_gqa")}
+    (tmp_path / "t.json").write_text(json.dumps(old))
+    path = tmp_path / "p.toml"
+    profile = (hardware.PROFILES / "h100-sxm.toml").read_text()
+    path.write_text(profile.replace('rates = "h100-sxm-700w.rates.json"', 'rates = "t.json"'))
+    rates.load.cache_clear()
+    with pytest.raises(UserError, match="no cudnn_gqa attention measured"):
+        predict(s, hardware.load(str(path)), Cut(gpus=1), train)

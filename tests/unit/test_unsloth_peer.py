@@ -7,8 +7,10 @@ program skipped where Unsloth is not installed. Unsloth's own training runs on t
 import importlib.util
 import json
 import sys
+import types
 
 import pytest
+import torch
 
 from paratrain.bench.peers import unsloth_lora
 from paratrain.config import load_config, to_yaml
@@ -48,7 +50,7 @@ def test_random_weights_written_whole_then_reused_for_the_same_shape(tmp_path):
     c = cfg()
     folder = tmp_path / "rw"
     assert not unsloth_lora.reusable(folder, c)
-    unsloth_lora.write_random_model(c, folder, __import__("torch").device("cpu"))
+    unsloth_lora.write_random_model(c, folder, torch.device("cpu"))
     assert not folder.with_name("rw.partial").exists()
     assert json.loads((folder / unsloth_lora.MARKER).read_text())["shape"] == "tiny"
     assert AutoConfig.from_pretrained(folder).model_type == "llama"
@@ -69,9 +71,82 @@ def test_a_folder_that_is_not_the_peers_is_refused_and_left_as_it_was(tmp_path, 
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     partial = tmp_path / "rw.partial"
     partial.mkdir()
-    with pytest.raises(SystemExit):  # a broken-off write is not overwritten either
-        unsloth_lora.write_random_model(cfg(), tmp_path / "rw", __import__("torch").device("cpu"))
-    assert partial.is_dir() and not (tmp_path / "rw").exists()
+    (partial / "notes.txt").write_text("a user's file")
+    with pytest.raises(SystemExit):  # a .partial the peer did not start is not touched either
+        unsloth_lora.write_random_model(cfg(), tmp_path / "rw", torch.device("cpu"))
+    assert [p.name for p in partial.iterdir()] == ["notes.txt"] and not (tmp_path / "rw").exists()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / unsloth_lora.MARKER).write_text("{not json")
+    with pytest.raises(SystemExit) as stop:  # an unreadable marker: refused in one line
+        unsloth_lora.reusable(tmp_path / "bad", cfg())
+    assert stop.value.code == 2
+
+
+def test_a_write_that_breaks_off_leaves_nothing_and_its_leftover_is_the_peers_to_remove(
+    tmp_path, monkeypatch
+):
+    from paratrain.data.text import tokenizer
+
+    class Broken:
+        def save_pretrained(self, path):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(tokenizer, "byte_tokenizer", lambda: Broken())
+    with pytest.raises(OSError, match="disk full"):
+        unsloth_lora.write_random_model(cfg(), tmp_path / "rw", torch.device("cpu"))
+    assert list(tmp_path.iterdir()) == []  # its .partial removed, no folder
+    monkeypatch.undo()
+    partial = tmp_path / "rw.partial"  # what a killed write (timeout: -9) leaves
+    partial.mkdir()
+    (partial / unsloth_lora.WRITING).write_text("")
+    (partial / "model.safetensors").write_text("half")
+    unsloth_lora.write_random_model(cfg(), tmp_path / "rw", torch.device("cpu"))
+    assert not partial.exists() and unsloth_lora.reusable(tmp_path / "rw", cfg())
+    assert not (tmp_path / "rw" / unsloth_lora.WRITING).exists()
+
+
+def run_main(tmp_path, monkeypatch, *overrides):
+    """The peer's main on the tiny recipe, Unsloth stood in for by an empty module and its
+    loading by a function that records the folder and stops the run."""
+    from paratrain.bench.peers import common
+
+    monkeypatch.setattr(common, "require", lambda name: None)
+    monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))
+    seen = []
+
+    def load(c, folder):
+        seen.append(folder)
+        assert (folder / "model.safetensors").is_file()
+        raise RuntimeError("stop after loading")
+
+    monkeypatch.setattr(unsloth_lora, "load_with_lora", load)
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(load_config(RECIPE, ["precision=bf16", "launch.nproc=1", *overrides])))
+    monkeypatch.setattr(sys, "argv", ["unsloth_lora", str(path), str(tmp_path / "run")])
+    with pytest.raises(RuntimeError, match="stop after loading"):
+        unsloth_lora.main()
+    return seen[0]
+
+
+def test_the_weights_are_removed_after_loading_unless_kept(tmp_path, monkeypatch):
+    folder = run_main(tmp_path, monkeypatch)
+    assert folder == tmp_path / "run" / unsloth_lora.WEIGHTS and not folder.exists()
+    monkeypatch.setenv("PARATRAIN_RANDOM_WEIGHTS", str(tmp_path / "kept"))
+    assert run_main(tmp_path, monkeypatch) == tmp_path / "kept"
+    assert (tmp_path / "kept" / unsloth_lora.MARKER).is_file()  # there for the next row
+
+
+def test_more_than_one_process_is_refused_before_unsloth_is_imported(tmp_path, monkeypatch, capsys):
+    from paratrain.bench.peers import common
+
+    monkeypatch.setattr(common, "require", lambda name: None)
+    monkeypatch.setitem(sys.modules, "unsloth", None)  # importing it would raise
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(load_config(RECIPE, ["precision=bf16", "launch.nproc=2"])))
+    monkeypatch.setattr(sys, "argv", ["unsloth_lora", str(path), str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as stop:
+        unsloth_lora.main()
+    assert stop.value.code == 2 and "launch.nproc=1" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(HAS_UNSLOTH, reason="unsloth is installed here")

@@ -130,23 +130,7 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
     output = log_path.read_text()
     result_path = run_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    # torchrun exits 1 whatever its workers returned, so a skip is also read from the log.
-    skip_lines = [line for line in output.splitlines() if line.startswith("skipped: ")]
-    if code == SKIPPED_EXIT or (code not in (0, None) and skip_lines):
-        status, error = "skipped", (skip_lines or [tail_lines(output, 1)])[0]
-    elif code not in (0, None):
-        status, error = "failed", f"exit {code}: {cause_of(output)}\n" + tail_lines(output)
-    elif code == 0 and result is None:
-        status, error = (
-            "failed",
-            f"exited 0 without result.json: {cause_of(output)}\n" + (tail_lines(output)),
-        )
-    stopped = first_not_finite((result or {}).get("summary") or {})
-    if status == "ok" and stopped:
-        # a peer that trained on after its loss stopped being a number: its speed is kept in
-        # the metrics, but it is not a training run's (Unsloth at batch 8, 2026-12-07)
-        n = len(result["summary"]["losses"])
-        status, error = "failed", f"loss not a finite number from step {stopped} of {n}"
+    status, error = verdict(code, output, result, status, error)
     if result is not None:
         curve = loss_curve(run_dir, result)
         if curve:
@@ -173,6 +157,28 @@ def execute_run(run: RunSpec, run_dir: Path, timeout_s: float) -> Row:
         metrics=summary or None,
         result=result,
     )
+
+
+def verdict(
+    code: int | None, output: str, result: dict | None, status: str, error: str | None
+) -> tuple[str, str | None]:
+    """(status, error) of a finished run from its exit code (None: timed out), its log and its
+    result.json; `status, error` as the wait left them."""
+    # torchrun exits 1 whatever its workers returned, so a skip is also read from the log.
+    skip_lines = [line for line in output.splitlines() if line.startswith("skipped: ")]
+    if code == SKIPPED_EXIT or (code not in (0, None) and skip_lines):
+        return "skipped", (skip_lines or [tail_lines(output, 1)])[0]
+    if code not in (0, None):
+        return "failed", f"exit {code}: {cause_of(output)}\n" + tail_lines(output)
+    if code == 0 and result is None:
+        return "failed", f"exited 0 without result.json: {cause_of(output)}\n" + tail_lines(output)
+    stopped = first_not_finite((result or {}).get("summary") or {})
+    if status == "ok" and stopped:
+        # a peer that trained on after its loss stopped being a number: its speed is kept in
+        # the metrics, but it is not a training run's (Unsloth at batch 8, 2026-12-07)
+        n = len(result["summary"]["losses"])
+        return "failed", f"loss not a finite number from step {stopped} of {n}"
+    return status, error
 
 
 def loss_curve(run_dir: Path, result: dict) -> list[list[float]]:

@@ -128,7 +128,8 @@ def add(sub) -> None:
         choices=("flash", "cudnn", "flash_gqa", "cudnn_gqa"),
         help="sdpa's attention kernel (default: the profile's; cudnn on h100-sxm and h200, what "
         "torch 2.11 picks there; flash for stacks before it); _gqa: k/v heads shared through "
-        "enable_gqa, as paratrain's decoder runs them, where the rates table has them (h100-sxm)",
+        "enable_gqa, as paratrain's decoder runs them (the h100-sxm, h100-hbm2e-500w and h200 "
+        "profiles' rates table has them)",
     )
     paper.add_argument(
         "--loss",

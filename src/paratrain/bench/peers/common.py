@@ -299,7 +299,7 @@ def write_result(
         "world_size": world_size,
         "precision": cfg.precision,
         "hardware": metrics.hardware(device, world_size),
-        "data_real": cfg.data.source != "synthetic",
+        "data_real": cfg.data.source not in ("synthetic", "synthetic-text"),
         **extra,
         "summary": summary,
         "config": cfg.to_dict(),

@@ -29,20 +29,20 @@ from paratrain.bench.peers import common
 
 WEIGHTS = "random-weights"  # the folder this peer writes (and removes) inside its run folder
 MARKER = "paratrain-random-weights.json"  # what says a kept folder is this peer's, and of what
+WRITING = "paratrain-writing"  # what says a .partial folder is this peer's write under way
 
 
 def main() -> None:
     common.require("unsloth")
+    plan, out_dir = common.read_plan("unsloth_lora")  # imports no transformers
+    cfg = plan.config
+    check_supported(cfg)
+    if plan.nproc != 1:  # started as one process (bench's ONE_PROCESS): nothing else would say
+        common.fail("unsloth_lora: runs one process on one GPU (launch.nproc=1)")
     # Unsloth patches transformers when imported, so before anything imports transformers.
     import unsloth  # noqa: F401
 
-    plan, out_dir = common.read_plan("unsloth_lora")
-    cfg = plan.config
-    check_supported(cfg)
-    rank, local_rank, world_size = common.world()
-    if world_size != 1:
-        common.fail("unsloth_lora: runs one process on one GPU (launch.nproc=1)")
-    device = common.pick_device(cfg, local_rank)
+    device = common.pick_device(cfg, 0)
     torch.manual_seed(cfg.seed)
     kept = os.environ.get("PARATRAIN_RANDOM_WEIGHTS")
     folder = Path(kept) if kept else out_dir / WEIGHTS
@@ -105,33 +105,45 @@ def reusable(folder: Path, cfg) -> bool:
     any other folder there is someone else's: refused."""
     if not folder.exists():
         return False
-    marker = folder / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == what(cfg):
-        return True
-    common.fail(
-        f"random weights: {folder} exists and is not this shape's random model; not touched"
-    )
+    try:
+        ours = json.loads((folder / MARKER).read_text()) == what(cfg)
+    except (OSError, ValueError):  # no marker, or not one this peer wrote
+        ours = False
+    if not ours:
+        common.fail(f"random weights: {folder} exists and is not this shape's random model; "
+                    "not touched")  # fmt: skip
+    return True
 
 
 def write_random_model(cfg, folder: Path, device: torch.device) -> None:
     """The config's shape with random weights (transformers' own init, the seed's), as a model
     folder Unsloth loads: config.json, safetensors, the byte tokenizer and the marker, written
-    beside the folder and renamed into place (a crash leaves no half folder to load)."""
+    beside the folder and renamed into place: a half-written folder is never loaded, and one an
+    earlier run of this peer left (it carries WRITING: a timeout kills with -9) is removed."""
     from paratrain.data.text.tokenizer import byte_tokenizer
     from paratrain.models.causal_lm.build import building, model_class, shape_config
 
-    config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
-    config.use_cache = False
-    with building(torch.bfloat16, device):
-        model = model_class(config)(config)
     partial = folder.with_name(folder.name + ".partial")
     if partial.exists():
-        common.fail(f"random weights: {partial} exists (an earlier write broke off?); not touched")
-    model.save_pretrained(partial, safe_serialization=True)
-    byte_tokenizer().save_pretrained(partial)
+        if not (partial / WRITING).is_file():
+            common.fail(f"random weights: {partial} exists and is not this peer's; not touched")
+        shutil.rmtree(partial)  # this peer's own write, cut short
+    partial.mkdir(parents=True)
+    (partial / WRITING).write_text("being written by paratrain.bench.peers.unsloth_lora\n")
+    try:
+        config = shape_config(cfg.model.shape, cfg.model.layers, cfg.model.attn_implementation)
+        config.use_cache = False
+        with building(torch.bfloat16, device):
+            model = model_class(config)(config)
+        model.save_pretrained(partial, safe_serialization=True)
+        byte_tokenizer().save_pretrained(partial)
+        del model
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # made above by this process
+        raise
+    (partial / WRITING).unlink()
     (partial / MARKER).write_text(json.dumps(what(cfg)) + "\n")
     partial.rename(folder)
-    del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

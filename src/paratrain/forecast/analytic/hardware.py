@@ -89,7 +89,7 @@ class Hardware:
         self, head_dim: int, heads: float, seq: int, tokens: float, backend: str | None = None
     ) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention over `tokens` tokens in sequences of
-        `seq`, `heads` heads of `head_dim` on this GPU, with sdpa's `backend` (flash, cudnn;
+        `seq`, `heads` heads of `head_dim` on this GPU, with sdpa's `backend` (flash, cudnn, or their _gqa rows;
         default the profile's): forward 2 tokens seq heads head_dim FLOPs (the causal half),
         backward 2.5 times that."""
         flops = 2 * tokens * seq * heads * head_dim

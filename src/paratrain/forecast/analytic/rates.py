@@ -27,7 +27,8 @@ class Table:
     gemm: dict[str, list[tuple[float, float, float, float]]]
     """dtype ("bf16", "float8" tensorwise, "float8_rowwise") -> (log2 M, log2 N, log2 K, TFLOP/s)."""
     attention: dict[str, list[tuple[float, float, float, float, float]]]
-    """backend ("flash", "cudnn") -> (log2 head_dim, log2 heads, log2 seq, forward, backward)."""
+    """backend ("flash", "cudnn"; "flash_gqa", "cudnn_gqa": k/v heads shared through enable_gqa)
+    -> (log2 head_dim, log2 heads, log2 seq, forward, backward)."""
     source: str
     path: str
     memo: dict = field(default_factory=dict, compare=False, repr=False)
