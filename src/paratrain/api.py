@@ -60,8 +60,18 @@ def train(
     in output_dir is replaced (`paratrain run --overwrite`), else refused. trust_code: a
     `module:function` the recipe names is imported even when it is no file of yours
     (`paratrain run --trust-code`; objects passed here need no trust)."""
-    with _trusting(trust_code):
+    with _trusting(trust_code), _config_folder(recipe):
         return _train(recipe, overrides, model, train_data, val_data, loss, overwrite)
+
+
+def _config_folder(recipe):
+    """A recipe that is a run folder's config.yaml is read as `paratrain run --resume` reads it:
+    what lies beside that folder came with it (trust.py); for this call only."""
+    from paratrain.trust import reading_config_of, run_folder_of
+
+    if isinstance(recipe, (str, Path)):
+        return reading_config_of(run_folder_of(recipe))
+    return contextlib.nullcontext()  # a RunConfig or a shipped recipe's name: no file of a run
 
 
 @contextlib.contextmanager

@@ -8,8 +8,9 @@ installed package, not paratrain itself, not inside a run folder, whose files ar
 around as data), or with --trust-code / paratrain.train(trust_code=True). Where the module lies
 is found without importing anything (a top-level name's spec: the finders only look).
 
-A config read from a run folder (`paratrain run --resume DIR`, `paratrain export`) may have
-come with the folders around it (an archive `experiment/{run/, models.py}` unpacked into the
+A config read from a run folder (`paratrain run --resume DIR`, `paratrain run DIR/config.yaml`,
+`paratrain.train(recipe="DIR/config.yaml")`, `paratrain export`) may have come with the folders
+around it (an archive `experiment/{run/, models.py}` unpacked into the
 user's home): a module under any folder above it that is not also above the working directory
 is the handed bundle's, not the user's (CONFIG_FOLDER_ENV names the config's folder). What lies
 in the working directory itself counts as the user's own: code in the folder you run from is
@@ -99,6 +100,13 @@ def reading_config_of(folder: str | Path | None):
         yield
     finally:
         config_from(before)
+
+
+def run_folder_of(config_path: str | Path) -> Path | None:
+    """The run folder a config file lies in (a run's own config.yaml, however it is named on
+    the command line or to paratrain.train), or None for a recipe that lies in no run folder."""
+    folder = Path(config_path).resolve().parent
+    return folder if _is_run_folder(folder) else None
 
 
 def config_from(folder: str | Path | None) -> None:

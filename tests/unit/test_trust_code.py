@@ -91,10 +91,12 @@ def test_a_module_inside_a_run_folder_runs_only_with_trust_code(tmp_path, monkey
 # ------------------------------------------------------------------ a module beside a handed run
 
 
-def handed_bundle(root, marker):
+def handed_bundle(root, marker, package="experiment"):
     """An archive as a forger packs it: experiment/{run/ (a run folder), models.py (the code
-    its config names)}, unpacked into `root`."""
-    exp = root / "experiment"
+    its config names)}, unpacked into `root`. (A test that imports through the working
+    directory names its own package: paratrain keeps the working directory it imported a
+    user's module from on sys.path, so an earlier test's folder would be found first.)"""
+    exp = root / package
     run = exp / "run"
     run.mkdir(parents=True)
     (exp / "models.py").write_text(
@@ -102,7 +104,7 @@ def handed_bundle(root, marker):
         "from paratrain.models.vision import build_tiny_cnn as build\n"
     )
     raw = yaml.safe_load(to_yaml(load_config(None, TINY)))
-    raw["model"]["name"] = "experiment.models:build"
+    raw["model"]["name"] = f"{package}.models:build"
     raw["output_dir"] = str(run)
     (run / "config.yaml").write_text(yaml.safe_dump(raw))
     (run / "steps.jsonl").write_text("")
@@ -123,9 +125,29 @@ def test_a_module_beside_a_handed_run_folder_runs_only_with_trust_code(
     assert CONFIG_FOLDER_ENV not in __import__("os").environ  # the command's folder ends with it
 
 
+def test_a_run_folders_config_named_as_the_recipe_is_read_as_resume_reads_it(
+    tmp_path, monkeypatch, capsys
+):
+    """`paratrain run experiment/run/config.yaml` and paratrain.train(recipe=...) on the same
+    file: the bundle's module beside the run folder is refused as on --resume; the rule ends
+    with the command and the call."""
+    import os
+
+    marker = tmp_path / "it-ran"
+    handed_bundle(tmp_path, marker, "unpacked")
+    monkeypatch.chdir(tmp_path)
+    config = "unpacked/run/config.yaml"
+    assert main(["run", config, "--output-dir", str(tmp_path / "out")]) == 2
+    one_error_line(capsys, "import unpacked.models (a file under ", "--trust-code")
+    with pytest.raises(UserError, match="a file under .*trust_code=True"):
+        paratrain.train(config, {"output_dir": str(tmp_path / "out2")})
+    assert not marker.exists() and CONFIG_FOLDER_ENV not in os.environ
+
+
 def test_export_reads_a_run_folders_config_as_the_run_does(tmp_path, monkeypatch):
     """export's model is built with the run folder's config as the config's folder (a module
-    beside it the bundle's); a --config the user names is a recipe of theirs."""
+    beside it the bundle's), also when --config names that file; a --config in no run folder
+    is a recipe of the user's."""
     import os
 
     from test_checkpoint_forgery import small_model, write
@@ -140,7 +162,9 @@ def test_export_reads_a_run_folders_config_as_the_run_does(tmp_path, monkeypatch
     )
     export.export(run, tmp_path / "out")
     export.export(run, tmp_path / "out", config=run / "config.yaml")
-    assert seen == [str(run.resolve()), None]
+    (tmp_path / "mine.yaml").write_text((run / "config.yaml").read_text())
+    export.export(run, tmp_path / "out", config=tmp_path / "mine.yaml")
+    assert seen == [str(run.resolve()), str(run.resolve()), None]
     assert CONFIG_FOLDER_ENV not in os.environ
 
 

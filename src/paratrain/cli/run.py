@@ -57,6 +57,10 @@ def command(args: argparse.Namespace) -> int:
         from paratrain.trust import config_from
 
         config_from(Path(recipe).parent)  # modules beside a handed run folder are not yours
+    elif recipe is not None:  # a run folder's config.yaml named as the recipe: the same rule
+        from paratrain.trust import config_from, run_folder_of
+
+        config_from(run_folder_of(recipe))
     # the recipe, the --set overrides and the flags: what the user gives wins (runplan)
     plan = plan_of(recipe, overrides, before)
     if args.print_config:

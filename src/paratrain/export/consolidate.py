@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from paratrain.errors import UserError
-from paratrain.trust import reading_config_of
+from paratrain.trust import reading_config_of, run_folder_of
 
 
 def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = None) -> dict:
@@ -27,8 +27,9 @@ def export(checkpoint: str | Path, out: str | Path, config: str | Path | None = 
             f"export: no run config at {cfg_path} (the run folder's config.yaml); name it with "
             "--config"
         )
-    # a run folder's config: what lies beside the folder came with it (trust.py)
-    with reading_config_of(None if config else cfg_path.parent):
+    # a run folder's config, its own or one named with --config: what lies beside that folder
+    # came with it (trust.py); a --config in no run folder is a recipe of the user's
+    with reading_config_of(run_folder_of(cfg_path)):
         return _export(source, load_config(cfg_path), Path(out))
 
 
