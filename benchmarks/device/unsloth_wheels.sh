@@ -21,13 +21,7 @@
 #     bash benchmarks/device/recipes_beside_anchors.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-get() {  # a failed download stops the script (its output shown), pip's location notes dropped
-  local log; log=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1) \
-    || { echo "$log"; exit 1; }
-  echo "$log" | grep -v "^WARNING: Location" || true
-}
+source benchmarks/device/pip_download.sh  # get DIR SPEC...
 mkdir -p .uwhl/a .uwhl/b .uwhl/c1 .uwhl/c2 .uwhl/bnb
 get .uwhl/a unsloth==2026.10.9
 get .uwhl/b unsloth_zoo==2026.10.9 trl==1.15.0 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 \

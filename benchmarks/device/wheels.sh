@@ -6,13 +6,7 @@
 #   bash benchmarks/device/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-get() {  # a failed download stops the script (its output shown), pip's location notes dropped
-  local log; log=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform any -d "$@" 2>&1) \
-    || { echo "$log"; exit 1; }
-  echo "$log" | grep -v "^WARNING: Location" || true
-}
+source benchmarks/device/pip_download.sh  # get DIR SPEC...
 mkdir -p .whl/tt
 get .whl "pydantic>=2.7" pydantic-core annotated-types typing-inspection typing_extensions \
   mlxtend torchao==0.18.0 liger-kernel==0.8.5

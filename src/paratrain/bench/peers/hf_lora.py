@@ -39,22 +39,29 @@ def main() -> None:
     model, config = build_model(cfg, dtype, device)
     if dist.is_initialized():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    summary = train_measured(plan, model, config.vocab_size, device, dtype, rank, world_size)
+    if rank == 0:
+        common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train_measured(plan, model, vocab: int, device, dtype, rank: int = 0, world: int = 1) -> dict:
+    """The documentation's training of `model` (AdamW on its trained weights, train_steps) over
+    paratrain's synthetic rows in its sampler's order -> the meter's summary of the steps after
+    warm-up, tokens beside samples. The Unsloth peer trains its model with it too."""
+    cfg = plan.config
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.train.lr,
         fused=cfg.train.fused_optimizer or None,
     )
-
     batch, length = cfg.data.batch_size, cfg.data.max_length
-    rows = synthetic_rows(cfg, config.vocab_size)
+    rows = synthetic_rows(cfg, vocab)
     sampler = build_sampler(
-        plan.layout.sampler,
-        len(rows),
-        rank=rank,
-        world=world_size,
-        shuffle=cfg.data.shuffle,
+        plan.layout.sampler, len(rows), rank=rank, world=world, shuffle=cfg.data.shuffle,
         seed=cfg.seed,
-    )
+    )  # fmt: skip
     if len(sampler) < batch:  # no step would ever be taken
         common.fail(
             f"data.batch_size: {len(sampler)} rows per rank are fewer than one batch ({batch})"
@@ -62,12 +69,9 @@ def main() -> None:
     total = cfg.train.max_steps or 30
     meter = common.Meter(device, cfg.train.warmup_steps, total, keep_losses=True)
     train_steps(model, optimizer, rows, sampler, meter, batch, dtype, cfg.train.max_grad_norm)
-    summary = meter.summary(batch, world_size)
-    add_tokens(summary, length, batch * length * world_size)
-    if rank == 0:
-        common.write_result(out_dir, "hf_lora", cfg, device, world_size, summary)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    summary = meter.summary(batch, world)
+    add_tokens(summary, length, batch * length * world)
+    return summary
 
 
 def check_supported(cfg) -> None:

@@ -53,29 +53,9 @@ def main() -> None:
     finally:
         if not kept:
             shutil.rmtree(folder)  # written by this process above, in its own run folder
-    from paratrain.bench.peers.hf_lora import add_tokens, synthetic_rows, train_steps
-    from paratrain.data.samplers import build_sampler
+    from paratrain.bench.peers.hf_lora import train_measured
 
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.train.lr,
-        fused=cfg.train.fused_optimizer or None,
-    )
-    batch, length = cfg.data.batch_size, cfg.data.max_length
-    rows = synthetic_rows(cfg, model.config.vocab_size)
-    sampler = build_sampler(
-        plan.layout.sampler, len(rows), rank=0, world=1, shuffle=cfg.data.shuffle, seed=cfg.seed
-    )
-    if len(sampler) < batch:
-        common.fail(f"data.batch_size: {len(sampler)} rows are fewer than one batch ({batch})")
-    meter = common.Meter(
-        device, cfg.train.warmup_steps, cfg.train.max_steps or 30, keep_losses=True
-    )
-    train_steps(
-        model, optimizer, rows, sampler, meter, batch, torch.bfloat16, cfg.train.max_grad_norm
-    )
-    summary = meter.summary(batch, 1)
-    add_tokens(summary, length, batch * length)
+    summary = train_measured(plan, model, model.config.vocab_size, device, torch.bfloat16)
     summary["unsloth"] = unsloth_facts(cfg)
     common.write_result(out_dir, "unsloth_lora", cfg, device, 1, summary)
 
