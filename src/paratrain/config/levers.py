@@ -23,6 +23,7 @@ PLAIN: dict[str, Any] = {
     "model.stem_conv": "native",
     "model.batchnorm": "native",
     "model.fp8_lm_head": False,
+    "lora.fused": False,
     "launch.one_process": False,
 }
 

@@ -153,9 +153,18 @@ class LoraConfig:
     of c_attn c_proj c_fc)."""
     save_merged: bool = False
     """Also save the base model with the adapters merged in (full size)."""
+    fused: bool | Literal["auto"] = "auto"
+    """The adapter's product added inside its base layer's matmul (cuBLAS's C operand), forward
+    and backward, instead of peft's full-size adapter outputs and their sums: the same
+    arithmetic with one rounding fewer (models/causal_lm/lora_matmul.py). Needs dropout 0 and
+    plain bf16 / fp32 base layers (no model.fp8, no tensor parallelism). auto: on where it was
+    measured faster (a causal LM's LoRA on a GPU with Triton, in one process or under DDP);
+    false: peft's forward."""
 
     def __post_init__(self) -> None:
         if self.r < 1:
             raise ValueError(f"r: must be >= 1, got {self.r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")
+        if self.fused is True and self.dropout:
+            raise ValueError("fused: the fused adapter takes no dropout; set lora.dropout=0")

@@ -55,6 +55,11 @@ def check(cfg, layout: Layout) -> None:
             "model.fp8_lm_head: the chunked loss and Liger's fused loss multiply by lm_head's "
             "weight themselves, in bf16; set loss_chunk_tokens=0 and kernels=none with it"
         )
+    if cfg.lora.enabled and cfg.lora.fused is True and (m.fp8 != "none" or layout.tp_enabled):
+        raise ValueError(
+            "lora.fused: the adapter goes inside a plain bf16 / fp32 base layer's matmul, not "
+            "float8's (model.fp8) or tensor-parallel ones; set lora.fused=false"
+        )
     if layout.tp_enabled:
         for field, value, off in (
             ("model.kernels", m.kernels, "none"),
@@ -321,6 +326,8 @@ def build_model(ctx: BuildContext):
     model = apply_kernels(model, m.kernels, device)
     model = apply_fp8(model, m.fp8, device, lm_head=m.fp8_lm_head)
     model = apply_lora(model, cfg.lora).to(device)
+    if cfg.lora.enabled and cfg.lora.fused is True:
+        fuse_lora(model)
     if m.fp8 != "none" and cfg.lora.enabled and not {"fsdp", "tp", "pp"} & ctx.layout.uses:
         # the frozen base weights in float8 once, not each step (fp8_frozen.py); where ranks
         # hold shards, the shards' all-gather decides what is cast, and a pipeline rank would
@@ -337,6 +344,17 @@ def build_model(ctx: BuildContext):
         fused = "none" if m.loss_chunk_tokens else m.kernels
         model = ChunkedLossLM(model, m.loss_chunk_tokens, fused=fused)
     return model, load_tokenizer(m.path, m.tokenizer)
+
+
+def fuse_lora(model) -> None:
+    """lora.fused: peft's layers that fit take the fused forward; none fitting is refused (the
+    plan said fused), as is a partial fit, which the plan's reason would not describe."""
+    from paratrain.models.causal_lm.lora_matmul import fuse_adapters
+
+    patched, kept = fuse_adapters(model)
+    if kept or not patched:
+        why = kept[0] if kept else "the model has no peft LoRA layers"
+        raise UserError(f"lora.fused: {why}; set lora.fused=false")
 
 
 def footprint(cfg) -> dict[str, int] | None:

@@ -19,6 +19,7 @@ from paratrain.models.causal_lm.family import Family, family_named, family_of
 from paratrain.protocols import Layout, Machine
 
 RESULTS = "benchmarks/results/2026-12-04-h200x1/issue34/"  # full: calls 44-61; LoRA: 40-43, 58-59
+LORA_FUSED = "MEASURE"
 
 
 def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str]]:
@@ -31,7 +32,9 @@ def levers(cfg, layout: Layout, machine: Machine) -> dict[str, tuple[object, str
         return out
     if cfg.lora.enabled:
         out["train.compile_mode"] = lora_graphs(cfg, layout)
+        out["lora.fused"] = lora_fused(cfg, layout, kind)
         return out
+    out["lora.fused"] = (False, "no adapters: every weight is trained")
     why = full_bf16(cfg, layout)
     out["train.bf16_weights"] = (
         (False, why)
@@ -104,6 +107,22 @@ def lora_graphs(cfg, layout: Layout) -> tuple[str, str]:
     return "reduce-overhead", (
         f"every row one length: CUDA graphs replay each layer's kernels without launching "
         f"each (LoRA 1.36-1.37x transformers + peft on one H200; {RESULTS})"
+    )
+
+
+def lora_fused(cfg, layout: Layout, kind: Family) -> tuple[bool, str]:
+    """lora.fused where it was measured: plain Linear bases in one process or under DDP."""
+    if cfg.lora.dropout:
+        return False, "adapter dropout: peft's forward applies it"
+    if cfg.model.fp8 != "none":
+        return False, "float8 base layers multiply in their own kernels"
+    if kind.conv1d:
+        return False, f"{kind.family}'s Conv1D layers are not nn.Linear"
+    if not layout.uses <= {"single", "ddp"}:
+        return False, "measured in one process and under DDP only"
+    return True, (
+        "each adapter's product added inside its base layer's matmul, forward and backward: "
+        f"no full-size adapter outputs or sums between the matmuls ({LORA_FUSED})"
     )
 
 
