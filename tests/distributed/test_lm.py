@@ -1,5 +1,7 @@
 """LoRA fine-tuning on 2 CPU processes (gloo): DDP and FSDP2."""
 
+import json
+
 import pytest
 import torch
 from conftest import (
@@ -96,3 +98,15 @@ def test_delayed_fp8_lora_under_ddp_tracks_the_high_precision_run(tmp_path, data
     assert losses[-1] < losses[0], losses
     a, b = r["epochs"][-1]["val_loss"], ref["epochs"][-1]["val_loss"]
     assert a != b and abs(a - b) < 0.02 * b, (a, b)
+
+
+def test_fused_adapters_under_ddp_match_peft_layers(tmp_path, data, ddp):
+    """lora.fused (models/causal_lm/lora_matmul.py: each adapter's product inside its base
+    matmul, its own backward) under DDP's bucketed all-reduce: the same training as peft's
+    layers in the run above (the CPU's auto keeps peft's), to fp32 rounding."""
+    fused = run_lm(tmp_path, "fused", data, "strategy=ddp-ds", "lora.fused=true", *TWO_EPOCHS)
+    plan = json.loads((fused / "plan.json").read_text())
+    assert {"key": "lora.fused", "value": True, "reason": "as set", "by": "set"} in plan["levers"]
+    assert max_abs_diff(final_weights(fused), final_weights(ddp)) < 1e-5
+    a, b = (read_result(run)["epochs"][-1]["train_loss"] for run in (fused, ddp))
+    assert abs(a - b) < 1e-5 * abs(b), (a, b)
