@@ -108,3 +108,17 @@ def test_the_plan_fuses_lora_where_measured_and_refuses_it_where_it_cannot(on): 
         on(H100, recipe, ["model.fp8=delayed", "lora.fused=true"])
     with pytest.raises(Exception, match="dropout"):
         on(H100, recipe, ["lora.dropout=0.05", "lora.fused=true"])
+
+
+def test_the_two_ops_pass_torch_s_custom_op_checks():
+    """Schema, fake tensors (what compile traces), autograd registration, AOT dispatch."""
+    from paratrain.models.causal_lm.lora_matmul import lora_backward, lora_forward
+
+    rows, w = torch.randn(6, 8, requires_grad=True), torch.randn(5, 8)
+    a, b = torch.randn(2, 8, requires_grad=True), torch.randn(5, 2, requires_grad=True)
+    for bias in (None, torch.randn(5)):
+        torch.library.opcheck(lora_forward, (rows, w, bias, a, b, 2.0))
+    low = rows.detach() @ a.detach().t()
+    for need in (True, False):
+        args = (torch.randn(6, 5), rows.detach(), low, w, a.detach(), b.detach(), 2.0, need)
+        torch.library.opcheck(lora_backward, args)

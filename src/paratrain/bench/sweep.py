@@ -75,7 +75,13 @@ class RunSpec:
         cfg = self.config.to_dict()
         cfg.pop("output_dir", None)
         cfg["launch"].pop("cpu_threads", None)  # the machine's cores decide it; result.json says
-        blob = json.dumps([self.program, cfg, self.repeat], sort_keys=True, default=str)
+        blob = [self.program, cfg, self.repeat]
+        # a lever the row pins is another run than one the plan decides, though the two come to
+        # the same value on this machine (lora.fused: false and auto, on a CPU)
+        pinned = sorted(c.key for c in getattr(self.plan, "levers", ()) if c.by == "set")
+        if pinned:
+            blob.append(pinned)
+        blob = json.dumps(blob, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
