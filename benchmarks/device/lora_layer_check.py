@@ -57,7 +57,7 @@ def timed(model, x, grad, device, repeats: int) -> float:
 
 def apart(ref, new, x_ref, x_new) -> dict:
     out = {"x_grad": ((x_ref.grad - x_new.grad).norm() / x_ref.grad.norm()).item()}
-    for (name, p), (_, q) in zip(ref.named_parameters(), new.named_parameters()):
+    for (name, p), (_, q) in zip(ref.named_parameters(), new.named_parameters(), strict=True):
         if p.requires_grad:
             out[name.split(".")[-3]] = ((p.grad - q.grad).norm() / p.grad.norm()).item()
     return out

@@ -2,7 +2,7 @@
 
 A lever changes how fast a step runs and not what it computes beyond the step-to-step noise:
 torch.compile and its mode and scope, the fused optimizer, bf16 weights with fp32 masters, the
-fused loss kernel, paratrain's image kernels, channels_last, cudnn.benchmark, and one process
+fused loss kernel, LoRA's adapters inside their base matmuls, paratrain's image kernels, channels_last, cudnn.benchmark, and one process
 for a run that comes to one rank. Each is `auto` unless the recipe or the command line sets it;
 `resolve` asks `decide` here, which writes the concrete value into the config as it runs and
 returns a Choice with one short reason for the plan's lines and plan.json. What only one task
