@@ -13,6 +13,7 @@ import signal
 import sys
 
 from paratrain.errors import ERROR_DIR, exit_code
+from paratrain.launch import terminal
 from paratrain.launch.job import record_pid
 from paratrain.runplan import RunPlan, cpu
 from paratrain.trainer.loop import train
@@ -20,6 +21,7 @@ from paratrain.trainer.loop import train
 
 def main(argv: list[str]) -> int:
     (plan_path,) = argv
+    terminal.outlive_hangup()  # a closed terminal's EIO must not end this rank mid-checkpoint
     # the launching command forwards Ctrl-C / SIGTERM to this pid (job.forwarded_signals)
     record_pid(os.environ.get(ERROR_DIR), int(os.environ.get("RANK", "0")))
     # before the trainer takes them over (interrupts.py): an interrupt now stops at once

@@ -88,6 +88,48 @@ def test_an_interrupted_run_checkpoints_and_resumes_bit_for_bit(tmp_path, straig
     assert not (straight / "flight_recorder").exists()  # no empty folder left (gloo: no dump)
 
 
+def test_a_closed_terminal_stops_at_a_checkpoint_and_resumes(tmp_path, straight):
+    """The terminal the command runs in closes (an ssh session dropped): the kernel sends SIGHUP
+    to the command's session and every later write to it fails with EIO. Every rank stops at a
+    step boundary after a checkpoint, nothing raises writing to the dead terminal (the command's
+    and the workers' output go to /dev/null), exit 130; --resume ends where an uninterrupted
+    run ends, bit for bit. Before: torchrun's agent took SIGHUP and ended the workers at once."""
+    import fcntl
+    import select
+    import termios
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PARATRAIN_FAULTS"] = "stall:step=13:s=4"  # the window, as above
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "run", *map(str, SETTINGS), "--nproc", "2"]
+        + ["--output-dir", str(out)],
+        env=env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,  # a session of its own, led by the command, as a login's is
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the pty is its terminal
+    )
+    os.close(slave)
+    shown = b""
+    deadline = time.monotonic() + 120
+    while logged_step(out) < 12 and time.monotonic() < deadline and proc.poll() is None:
+        if select.select([master], [], [], 0.05)[0]:  # read what it writes, as a terminal does
+            shown += os.read(master, 1 << 16)
+    assert proc.poll() is None, shown.decode(errors="replace")[-3000:]
+    os.close(master)  # the terminal hangs up
+    assert proc.wait(timeout=120) == 130
+    steps = sorted((out / "checkpoints").glob("step_*"))
+    step = int(steps[-1].name.split("_")[1])
+    assert 12 <= step < STEPS, steps
+    resumed = run_cli(["run", "--resume", out, "--set", "log.progress=false"])
+    assert f"resumed from {out / 'checkpoints' / f'step_{step:08d}'}" in resumed.stdout
+    assert max_abs_diff(final_weights(out), final_weights(straight)) == 0.0
+    assert_the_result_covers_the_run(out, straight)
+
+
 def assert_the_result_covers_the_run(out, straight) -> None:
     """A resumed run's result is the uninterrupted run's: every epoch's loss, those before the
     interrupt too (each rank's sum of the interrupted epoch taken back from the checkpoint);

@@ -30,6 +30,7 @@ from paratrain.errors import (
     lost_peer,
     position_file,
 )
+from paratrain.launch import terminal
 from paratrain.launch.procs import oom_kills
 
 MARKER = "interrupt_requested"
@@ -57,16 +58,22 @@ def exits_of(error) -> dict[int, tuple[int, float]]:
 
 @contextlib.contextmanager
 def forwarded_signals(where: Path):
-    """SIGINT / SIGTERM to this process: the workers stop at a step boundary (a worker not
-    started yet reads the marker); a second one (after DEBOUNCE_S) kills them and stops the
-    agent (KeyboardInterrupt here), which would otherwise restart them."""
+    """SIGINT / SIGTERM / SIGHUP to this process: the workers stop at a step boundary (a worker
+    not started yet reads the marker); a second SIGINT or SIGTERM (after DEBOUNCE_S) kills them
+    and stops the agent (KeyboardInterrupt here), which would otherwise restart them. SIGHUP,
+    the terminal closing, also sends this process's output to /dev/null (terminal.py)."""
     if threading.current_thread() is not threading.main_thread():  # signals reach it alone
         yield
         return
     first: list[float] = []
+    terminal.outlive_hangup()
 
     def handle(signum, frame):
         now = time.monotonic()
+        if signum == signal.SIGHUP:  # the terminal closed: a request to stop, never a kill
+            terminal.detach()
+            if first:
+                return
         if not first:
             first.append(now)
             (where / MARKER).write_text(str(signum))
@@ -75,7 +82,8 @@ def forwarded_signals(where: Path):
             _send(where, signal.SIGKILL)
             raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    asks = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handle) for s in asks}
     try:
         yield
     finally:

@@ -98,9 +98,10 @@ def torchrun_argv(
     return argv + ["-m", module, str(config_path)]
 
 
-AGENT_SIGNALS = "SIGHUP,SIGQUIT"
-"""What torchrun's agent may handle when paratrain forwards SIGINT / SIGTERM itself (job.py);
-older agents read it from TORCHELASTIC_SIGNALS_TO_HANDLE alone."""
+AGENT_SIGNALS = "SIGQUIT"
+"""What torchrun's agent may handle when paratrain forwards SIGINT / SIGTERM / SIGHUP itself
+(job.py: the agent would end the workers at once, with no checkpoint); older agents read it
+from TORCHELASTIC_SIGNALS_TO_HANDLE alone."""
 
 
 def _torchrun_takes(option: str) -> bool:

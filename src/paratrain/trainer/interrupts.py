@@ -5,9 +5,10 @@ the run at a step boundary on every rank, after a checkpoint of that step
 Which signals mean "stop at the next step boundary":
 - SIGINT (a terminal's Ctrl-C reaches every process of the job's group) and SIGUSR1 (what
   paratrain's launching command forwards, job.py) always;
-- SIGTERM only when this process is not a worker of paratrain's own launch: there the command
-  turns its own SIGTERM into SIGUSR1, and a SIGTERM reaching a worker is torchrun's agent
-  tearing the job down after another rank failed, which must stop it now (its default).
+- SIGTERM and SIGHUP (the terminal closing: launch/terminal.py) only when this process is not a
+  worker of paratrain's own launch: there the command turns its own SIGTERM and SIGHUP into
+  SIGUSR1, and a SIGTERM reaching a worker is torchrun's agent tearing the job down after
+  another rank failed, which must stop it now (its default).
 The launch's marker file (job.MARKER) counts as a request too: a signal that came before this
 worker could be told.
 
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from paratrain.launch import terminal
 
 DEBOUNCE_S = 2.0
 CHECK_EVERY_S = 1.0
@@ -55,8 +58,9 @@ class Interrupts:
         if threading.current_thread() is not threading.main_thread():
             return
         signals = [signal.SIGINT, signal.SIGUSR1]
-        if not own_launch():
-            signals.append(signal.SIGTERM)
+        if not own_launch():  # one process, an outside torchrun: the terminal's SIGHUP too
+            signals += [signal.SIGTERM, signal.SIGHUP]
+            terminal.outlive_hangup()
         self.previous = {sig: signal.signal(sig, self._handle) for sig in signals}
         if launch_marked():
             self.requested_at = time.monotonic()
@@ -64,6 +68,10 @@ class Interrupts:
 
     def _handle(self, signum, frame) -> None:
         now = time.monotonic()
+        if signum == signal.SIGHUP:  # the terminal closed: stop, and write nowhere from now on
+            terminal.detach()
+            if self.requested_at is not None:
+                return
         if self.stopping:
             return
         if self.requested_at is None:
