@@ -9,6 +9,7 @@ only the command, but their writes fail the same way, so they take the same guar
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -22,10 +23,8 @@ def detach() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
-            try:
+            with contextlib.suppress(OSError):
                 os.dup2(devnull, fd)
-            except OSError:
-                pass
     finally:
         os.close(devnull)
 
