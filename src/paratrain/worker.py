@@ -22,6 +22,8 @@ from paratrain.trainer.loop import train
 def main(argv: list[str]) -> int:
     (plan_path,) = argv
     terminal.outlive_hangup()  # a closed terminal's EIO must not end this rank mid-checkpoint
+    if os.environ.get(ERROR_DIR):  # paratrain's launch: the command takes SIGHUP for the job
+        terminal.ignore_hangup()
     # the launching command forwards Ctrl-C / SIGTERM to this pid (job.forwarded_signals)
     record_pid(os.environ.get(ERROR_DIR), int(os.environ.get("RANK", "0")))
     # before the trainer takes them over (interrupts.py): an interrupt now stops at once

@@ -119,7 +119,8 @@ def test_a_closed_terminal_stops_at_a_checkpoint_and_resumes(tmp_path, straight)
         if select.select([master], [], [], 0.05)[0]:  # read what it writes, as a terminal does
             shown += os.read(master, 1 << 16)
     assert proc.poll() is None, shown.decode(errors="replace")[-3000:]
-    os.close(master)  # the terminal hangs up
+    os.close(master)  # the terminal hangs up: SIGHUP to the session's leader, the command
+    os.killpg(proc.pid, signal.SIGHUP)  # and a shell's to its job's group (CPU workers are in it)
     assert proc.wait(timeout=120) == 130
     steps = sorted((out / "checkpoints").glob("step_*"))
     step = int(steps[-1].name.split("_")[1])

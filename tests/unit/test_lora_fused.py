@@ -59,11 +59,13 @@ def test_the_fused_layer_computes_peft_s_forward_and_gradients(bias):
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-5)
 
 
-def test_under_bf16_autocast_and_compiled_it_stays_within_bf16_rounding():
-    ref = adapted(torch.bfloat16)
+@pytest.mark.parametrize("base", [torch.bfloat16, torch.float32])
+def test_under_bf16_autocast_and_compiled_it_stays_within_bf16_rounding(base):
+    """The recipe's bf16 base, and an fp32 one that autocast casts per matmul."""
+    ref = adapted(base)
     new = copy.deepcopy(ref)
-    fuse_adapters(new)
-    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    assert fuse_adapters(new) == (1, [])
+    x = torch.randn(4, 32, dtype=base)
     y0, dx0, g0 = step(ref, x, True)
     y1, dx1, g1 = step(new, x, True)
 
@@ -122,3 +124,18 @@ def test_the_two_ops_pass_torch_s_custom_op_checks():
     for need in (True, False):
         args = (torch.randn(6, 5), rows.detach(), low, w, a.detach(), b.detach(), 2.0, need)
         torch.library.opcheck(lora_backward, args)
+
+
+def test_auto_leaves_a_quantized_checkpoint_to_peft(tmp_path):
+    import json
+    import types
+
+    from paratrain.tasks import lm_levers
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "bitsandbytes"}})
+    )
+    cfg = types.SimpleNamespace(model=types.SimpleNamespace(path=str(tmp_path)))
+    assert lm_levers.quantized(cfg)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert not lm_levers.quantized(cfg)

@@ -158,8 +158,8 @@ class LoraConfig:
     and backward, instead of peft's full-size adapter outputs and their sums: the same
     arithmetic with one rounding fewer (models/causal_lm/lora_matmul.py). Needs dropout 0 and
     plain bf16 / fp32 base layers (no model.fp8, no tensor parallelism). auto: on where it was
-    measured (a causal LM's LoRA on a GPU with Triton, in one process or under DDP: 1.013x peft's
-    layers at 2 x 2,048 on one H100, 1.017x at 8, 1-4 GiB less); false: peft's forward."""
+    measured (a Llama-family LoRA on a GPU with Triton, in one process or under DDP: 1.013x
+    peft's layers at 2 x 2,048 on one H100, 1.017x at 8, 1-4 GiB less); false: peft's forward."""
 
     def __post_init__(self) -> None:
         if self.r < 1:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from paratrain.config.launch import LaunchConfig
 from paratrain.distributed.host import cores
+from paratrain.launch import terminal
 
 
 def launched_by_torchrun(env: dict[str, str] | None = None) -> bool:
@@ -246,6 +247,8 @@ def run_torchrun(argv: list[str], preload: tuple[str, ...] = (), entrypoint=None
     forkserver._forkserver._stop()
     multiprocessing.set_forkserver_preload(list(preload))
     quiet_resource_tracker()
+    with terminal.hangup_ignored():  # a shell's SIGHUP to the job's group must not end them
+        forkserver.ensure_running()
     # A worker that exits non-zero is logged by the agent as one line ("failed (exitcode: 2)
     # local_rank: 0 ..."), as for `python -m` workers; for a function's process the agent adds
     # the traceback of its own join, which says nothing about the worker: left out.

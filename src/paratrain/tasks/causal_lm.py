@@ -347,14 +347,15 @@ def build_model(ctx: BuildContext):
 
 
 def fuse_lora(model) -> None:
-    """lora.fused: peft's layers that fit take the fused forward; none fitting is refused (the
-    plan said fused), as is a partial fit, which the plan's reason would not describe."""
+    """lora.fused: peft's linear LoRA layers that fit take the fused forward, the others keep
+    peft's (lora_matmul.fits; an embedding's adapter is peft's own); LoRA linear layers of which
+    none fits are refused in one line (the plan said fused; auto leaves out what it knows does
+    not fit: dropout, float8, Conv1D, quantized checkpoints)."""
     from paratrain.models.causal_lm.lora_matmul import fuse_adapters
 
     patched, kept = fuse_adapters(model)
-    if kept or not patched:
-        why = kept[0] if kept else "the model has no peft LoRA layers"
-        raise UserError(f"lora.fused: {why}; set lora.fused=false")
+    if kept and not patched:
+        raise UserError(f"lora.fused: {kept[0]}; set lora.fused=false")
 
 
 def footprint(cfg) -> dict[str, int] | None:

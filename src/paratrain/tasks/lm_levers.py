@@ -78,6 +78,17 @@ def family(cfg) -> Family:
     return family_named(str(kind))
 
 
+def quantized(cfg) -> bool:
+    """model.path's config.json declares a quantization (bitsandbytes, GPTQ, AWQ, ...)."""
+    if cfg.model.path is None:
+        return False
+    try:
+        found = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and bool(found.get("quantization_config"))
+
+
 def full_bf16(cfg, layout: Layout) -> str | None:
     """Why full training's bf16 levers do not apply here (None: they do)."""
     if cfg.precision != "bf16":
@@ -121,6 +132,8 @@ def lora_fused(cfg, layout: Layout, kind: Family) -> tuple[bool, str]:
         return False, "float8 base layers multiply in their own kernels"
     if kind.conv1d:
         return False, f"{kind.family}'s Conv1D layers are not nn.Linear"
+    if quantized(cfg):
+        return False, "the checkpoint's quantized layers multiply in their own kernels"
     if not layout.uses <= {"single", "ddp"}:
         return False, "measured in one process and under DDP only"
     return True, (

@@ -97,11 +97,19 @@ lora_forward.register_autograd(_backward, setup_context=_setup)
 
 
 def adapter_in_matmul(x, weight, bias, lora_a, lora_b, scaling: float) -> torch.Tensor:
-    """x (..., K) -> x W^T + bias + s (x A^T) B^T, every matmul in the base weight's dtype; the
-    fp32 adapters are cast to it and their gradients back (autograd's casts)."""
-    dtype = weight.dtype
+    """x (..., K) -> x W^T + bias + s (x A^T) B^T, every matmul in autocast's dtype where it is
+    on (else the base weight's), as autocast runs peft's: the fp32 adapters (and an fp32 base)
+    are cast to it, the adapters' gradients back (autograd's casts). The ops run with autocast
+    off: their operands are cast already, and one dtype is what addmm_ in place needs."""
+    device = x.device.type
+    on = torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if on else weight.dtype
     rows = x.reshape(-1, x.shape[-1]).to(dtype)
-    out, _ = lora_forward(rows, weight, bias, lora_a.to(dtype), lora_b.to(dtype), scaling)
+    bias = None if bias is None else bias.to(dtype)
+    with torch.autocast(device, enabled=False):
+        out, _ = lora_forward(
+            rows, weight.to(dtype), bias, lora_a.to(dtype), lora_b.to(dtype), scaling
+        )
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
