@@ -10,13 +10,12 @@ gradients lie apart. `--small` runs it on the CPU.
 import argparse
 import copy
 import json
-import statistics
-import time
 
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
+from paratrain.meters.floor import _seconds
 from paratrain.models.causal_lm.lora_matmul import fuse_adapters
 
 
@@ -32,27 +31,17 @@ def layer(k: int, n: int, device) -> nn.Module:
 
 
 def timed(model, x, grad, device, repeats: int) -> float:
+    """Milliseconds of one forward + backward: meters/floor.py's median timing (CUDA events on a
+    GPU) after 4 more warm-ups here (compiled layers settle)."""
+
     def once():
         with torch.autocast(device.type, dtype=torch.bfloat16):
             y = model(x)
         y.backward(grad)
 
-    for _ in range(5):
+    for _ in range(4):
         once()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            once()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            once()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return _seconds(once, device, repeats) * 1e3
 
 
 def apart(ref, new, x_ref, x_new) -> dict:
