@@ -103,6 +103,7 @@ def exit_code(fn: Callable[[], object]) -> int:
             raise
         if not any(Path(where).glob("rank_*.txt")):
             record_failure(Path(where), rank, e)
+            first_across_nodes(Path(where), rank)
         if lost_peer(e, gone=True):
             # torchrun's agent reports one rank's end, the first it sees: the lost rank's (and
             # the signal that ended it, its only word) rather than this one's; the agent ends
@@ -113,6 +114,42 @@ def exit_code(fn: Callable[[], object]) -> int:
 
 
 INTERRUPTED = "interrupted.json"
+FIRST_FAILURE = "paratrain/first_failure"
+
+
+def first_across_nodes(where: Path, rank: int) -> None:
+    """The job's first failure, across nodes: the first rank to fail puts its record in the
+    launch's store (torchrun's TCPStore at MASTER_ADDR:MASTER_PORT, reached anew: the process
+    group is torn down by now; compare_set: the first writer wins); a rank that fails after it
+    finds it there and, where that rank ran on another node (no record of it here), writes it
+    beside its own, first, so this node's command names the rank where the failure began
+    rather than its own "connection closed by peer". Where the store is gone too (its host was
+    the failed node), the local records stand as before."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    env = os.environ
+    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not host or not port or int(env.get("WORLD_SIZE", "1")) < 2:
+        return
+    # one key per launch and generation: a restarted generation starts with none
+    key = f"{FIRST_FAILURE}/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        mine = json.loads((where / f"failure_rank_{rank:05d}.json").read_text())
+        mine["node"] = env.get("GROUP_RANK")
+        mine["traceback"] = mine["traceback"][-20000:]
+        store = dist.TCPStore(
+            host, int(port), is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False
+        )
+        first = json.loads(store.compare_set(key, "", json.dumps(mine)))
+    except Exception:  # noqa: BLE001 - a report's extra, never a second failure
+        return
+    theirs = where / f"failure_rank_{first['rank']:05d}.json"
+    if first["rank"] != rank and not theirs.exists():
+        # the store's order, not two machines' clocks, says it came first
+        first.update(remote=True, time=min(first["time"], mine["time"] - 1e-3))
+        theirs.write_text(json.dumps(first))
 
 
 def record_failure(where: Path, rank: int, e: BaseException) -> None:

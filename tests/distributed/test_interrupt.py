@@ -131,6 +131,44 @@ def test_a_closed_terminal_stops_at_a_checkpoint_and_resumes(tmp_path, straight)
     assert_the_result_covers_the_run(out, straight)
 
 
+def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
+    """Two agents as two nodes (c10d rendezvous, one worker each), rank 1 raises after step 3:
+    node 0's command names rank 1 on node 1 and its exception, not its own rank's "connection
+    closed by peer" (the first failure goes through the launch's store, errors.py). Node 0
+    starts first, so it hosts the store, as the rendezvous endpoint's node does."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [*SETTINGS, "--set", "train.max_steps=8"]
+    cmd = [sys.executable, "-m", "paratrain", "run", *map(str, sets), "--nproc", "1"]
+    cmd += ["--output-dir", str(tmp_path / "run"), "--nnodes", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARATRAIN_FAULTS": "raise:rank=1:step=3"}
+    nodes = []
+    for r in range(2):
+        nodes.append(
+            subprocess.Popen(
+                [*cmd, "--node-rank", str(r), "--rdzv-endpoint", f"127.0.0.1:{port}"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+        deadline = time.monotonic() + 60
+        while r == 0 and time.monotonic() < deadline:  # node 0's agent holds the port
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+    errs = [n.communicate(timeout=240)[1] for n in nodes]
+    assert [n.returncode for n in nodes] == [1, 1], errs
+    said = "failed first: RuntimeError: injected failure after step 3"
+    assert f"paratrain: rank 1 (node 1) {said}" in errs[0], errs[0][-3000:]
+    assert f"paratrain: rank 1 {said}" in errs[1], errs[1][-3000:]
+
+
 def assert_the_result_covers_the_run(out, straight) -> None:
     """A resumed run's result is the uninterrupted run's: every epoch's loss, those before the
     interrupt too (each rank's sum of the interrupted epoch taken back from the checkpoint);

@@ -297,7 +297,8 @@ def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | s
         paths = []
         for f in failures:
             path = folder / f"rank{f['rank']}.txt"
-            path.write_text(f["traceback"])
+            if not (f.get("remote") and path.exists()):  # its own node's copy is whole
+                path.write_text(f["traceback"])
             paths.append(path)
     except OSError as e:
         return f"not saved ({folder}: {e.strerror or e})"
@@ -317,7 +318,8 @@ def failure_report(
     first = failures[0]
     others = len(failures) - 1
     saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
-    failed = f"rank {first['rank']} failed first: {first['type']}: {first['message']}"
+    node = f" (node {first['node']})" if first.get("remote") and first.get("node") else ""
+    failed = f"rank {first['rank']}{node} failed first: {first['type']}: {first['message']}"
     if hang:
         failed = f"then rank {first['rank']} {then}: {first['type']}: {first['message']}"
     lines = [
