@@ -125,6 +125,7 @@ def first_across_nodes(where: Path, rank: int) -> None:
     beside its own, first, so this node's command names the rank where the failure began
     rather than its own "connection closed by peer". Where the store is gone too (its host was
     the failed node), the local records stand as before."""
+    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -137,7 +138,8 @@ def first_across_nodes(where: Path, rank: int) -> None:
     key = f"{FIRST_FAILURE}/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
         mine = json.loads((where / f"failure_rank_{rank:05d}.json").read_text())
-        mine["node"] = env.get("GROUP_RANK")
+        # the rendezvous's node rank (c10d assigns it, whatever --node-rank said) and the host
+        mine["node"] = f"{env.get('GROUP_RANK', '?')} on {socket.gethostname()}"
         mine["traceback"] = mine["traceback"][-20000:]
         store = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False

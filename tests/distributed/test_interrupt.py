@@ -165,7 +165,8 @@ def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
     errs = [n.communicate(timeout=240)[1] for n in nodes]
     assert [n.returncode for n in nodes] == [1, 1], errs
     said = "failed first: RuntimeError: injected failure after step 3"
-    assert f"paratrain: rank 1 (node 1) {said}" in errs[0], errs[0][-3000:]
+    host = socket.gethostname()
+    assert f"paratrain: rank 1 (node 1 on {host}) {said}" in errs[0], errs[0][-3000:]
     assert f"paratrain: rank 1 {said}" in errs[1], errs[1][-3000:]
 
 
