@@ -71,7 +71,7 @@ def forwarded_signals(where: Path):
     def handle(signum, frame):
         now = time.monotonic()
         if signum == signal.SIGHUP:  # the terminal closed: a request to stop, never a kill
-            terminal.detach(every=False)
+            terminal.detach()
             if first:
                 return
         if not first:

@@ -20,14 +20,14 @@ import threading
 GONE = (errno.EIO, errno.ENXIO)  # what a write to a hung-up terminal raises
 
 
-def detach(every: bool = True) -> None:
+def detach() -> None:
     """This process's stdout and stderr (the file descriptors: Python's and C's writes) to
-    /dev/null; every=False: only those whose terminal hung up (a write of nothing to it fails
-    with EIO), so a `kill -HUP` by hand leaves a live terminal its output."""
+    /dev/null where their terminal hung up (a write of nothing to it fails with EIO): a
+    `kill -HUP` by hand leaves a live terminal its output, a file stays a file."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
-            if every or gone(fd):
+            if gone(fd):
                 with contextlib.suppress(OSError):
                     os.dup2(devnull, fd)
     finally:

@@ -71,22 +71,23 @@ def family(cfg) -> Family:
     if cfg.model.path is None:
         shape = SHAPES.get(cfg.model.shape)
         return family_of(shape) if shape else family_named(str(cfg.model.shape))
-    try:
-        kind = json.loads((Path(cfg.model.path) / "config.json").read_text())["model_type"]
-    except (OSError, ValueError, KeyError):
-        kind = "unknown"
-    return family_named(str(kind))
+    return family_named(str(checkpoint_config(cfg).get("model_type", "unknown")))
 
 
 def quantized(cfg) -> bool:
     """model.path's config.json declares a quantization (bitsandbytes, GPTQ, AWQ, ...)."""
+    return bool(checkpoint_config(cfg).get("quantization_config"))
+
+
+def checkpoint_config(cfg) -> dict:
+    """model.path's config.json, or {} (no path, no such file, not a JSON object)."""
     if cfg.model.path is None:
-        return False
+        return {}
     try:
         found = json.loads((Path(cfg.model.path) / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(found, dict) and bool(found.get("quantization_config"))
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def full_bf16(cfg, layout: Layout) -> str | None:

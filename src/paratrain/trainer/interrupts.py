@@ -69,7 +69,7 @@ class Interrupts:
     def _handle(self, signum, frame) -> None:
         now = time.monotonic()
         if signum == signal.SIGHUP:  # the terminal closed: stop, and write nowhere from now on
-            terminal.detach(every=False)
+            terminal.detach()
             if self.requested_at is not None:
                 return
         if self.stopping:

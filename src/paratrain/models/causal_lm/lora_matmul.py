@@ -11,7 +11,7 @@ The adapter's own gradients are peft's: dB = s dy^T (x A^T), dA = s (dy B)^T x.
 The arithmetic is peft's under autocast (every matmul in the compute dtype, the fp32 adapters
 cast to it, their gradients cast back), with one rounding fewer: the sum is made in the matmul's
 fp32 accumulator instead of adding two rounded tensors. Layers it does not fit (dropout, a
-non-Linear or float8 base, a trained base, DTensor weights, DoRA, several adapters, merged or
+non-Linear or float8 base, a trained base, DoRA, several adapters, merged or
 disabled adapters) keep peft's forward; `fuse_adapters` patches the layers that fit and says how many.
 """
 
@@ -120,8 +120,6 @@ def fits(layer: nn.Module) -> str | None:
         return f"its base layer is {type(base).__name__}, not nn.Linear"
     if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
         return "its base layer is trained"
-    if hasattr(base.weight, "device_mesh"):
-        return "its weights are DTensors (tensor parallel or FSDP)"
     adapters = list(layer.lora_A.keys())
     if len(adapters) != 1:
         return f"{len(adapters)} adapters"
