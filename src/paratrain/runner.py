@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -203,6 +204,16 @@ def settled(plan: RunPlan, set_aside: dict | None):
             runfolder.settle(Path(plan.config.output_dir), succeeded, set_aside)
 
 
+def rendezvous_error(e: BaseException) -> bool:
+    """The agent's store or rendezvous went away (c10d's DistNetworkError under elastic's
+    RendezvousError)."""
+    from torch.distributed import DistNetworkError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    chain = [e, e.__cause__, e.__context__]
+    return any(isinstance(x, (RendezvousError, DistNetworkError)) for x in chain if x)
+
+
 def launch_workers(plan: RunPlan) -> int:
     """The plan to torchrun's agent, which starts one worker per process on this node; how
     they ended, said once (job.py)."""
@@ -227,10 +238,12 @@ def launch_workers(plan: RunPlan) -> int:
         threads_before = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         ooms = procs.oom_kills()  # (a SIGKILL's author: the OOM killer if this count rises)
+        began = time.time()
         try:
             with (
                 job.forwarded_signals(errors),
                 launch.quiet_agent(),
+                launch.workers_environment(),
                 # none of the launch's processes outlives it (its workers' loader workers too)
                 procs.none_outlive(f"{ERROR_DIR}={errors}"),
                 preload.guarded(worker_imports(plan)) as names,
@@ -239,6 +252,12 @@ def launch_workers(plan: RunPlan) -> int:
         except ChildFailedError as e:
             return job.outcome(errors, cfg.output_dir, job.exits_of(e), ooms)
         except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)
+            if rendezvous_error(e):
+                code = job.lost_rendezvous(
+                    errors, cfg.output_dir, cfg.launch.rdzv_endpoint, began, e
+                )
+                if code is not None:
+                    return code
             print(f"paratrain: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         finally:

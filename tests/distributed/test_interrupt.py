@@ -131,11 +131,10 @@ def test_a_closed_terminal_stops_at_a_checkpoint_and_resumes(tmp_path, straight)
     assert_the_result_covers_the_run(out, straight)
 
 
-def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
-    """Two agents as two nodes (c10d rendezvous, one worker each), rank 1 raises after step 3:
-    node 0's command names rank 1 on node 1 and its exception, not its own rank's "connection
-    closed by peer" (the first failure goes through the launch's store, errors.py). Node 0
-    starts first, so it hosts the store, as the rendezvous endpoint's node does."""
+def two_nodes(tmp_path, failing: int) -> list[str]:
+    """Two agents as two nodes (c10d rendezvous, one worker each) where rank `failing` raises
+    after step 3 -> each node's stderr. Node 0 starts first, so it hosts the store, as the
+    rendezvous endpoint's node does."""
     import socket
 
     with socket.socket() as s:
@@ -144,7 +143,8 @@ def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
     sets = [*SETTINGS, "--set", "train.max_steps=8"]
     cmd = [sys.executable, "-m", "paratrain", "run", *map(str, sets), "--nproc", "1"]
     cmd += ["--output-dir", str(tmp_path / "run"), "--nnodes", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARATRAIN_FAULTS": "raise:rank=1:step=3"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARATRAIN_FAULTS": f"raise:rank={failing}:step=3"}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
     nodes = []
     for r in range(2):
         nodes.append(
@@ -164,10 +164,37 @@ def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
             time.sleep(0.1)
     errs = [n.communicate(timeout=240)[1] for n in nodes]
     assert [n.returncode for n in nodes] == [1, 1], errs
-    said = "failed first: RuntimeError: injected failure after step 3"
+    for err in errs:  # torchrun's warning that c10d ignores --node-rank: not passed
+        assert "node_rank is only used" not in err, err[-3000:]
+    return errs
+
+
+SAID = "failed first: RuntimeError: injected failure after step 3"
+
+
+def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
+    """Rank 1 (node 1) raises: node 0's command names rank 1 on node 1 and its exception, not
+    its own rank's "connection closed by peer" (the first failure goes through the launch's
+    store, errors.py)."""
+    import socket
+
+    errs = two_nodes(tmp_path, failing=1)
     host = socket.gethostname()
-    assert f"paratrain: rank 1 (node 1 on {host}) {said}" in errs[0], errs[0][-3000:]
-    assert f"paratrain: rank 1 {said}" in errs[1], errs[1][-3000:]
+    assert f"paratrain: rank 1 (node 1 on {host}) {SAID}" in errs[0], errs[0][-3000:]
+    assert f"paratrain: rank 1 {SAID}" in errs[1], errs[1][-3000:]
+
+
+def test_losing_the_rendezvous_host_names_its_failure(tmp_path):
+    """Rank 0 raises on node 0, whose agent hosts the rendezvous's store: node 1's agent loses
+    the store mid-run. Its command names rank 0's failure and the lost rendezvous in a few
+    lines, not torchrun's RendezvousConnectionError under c10d's C++ stacks."""
+    errs = two_nodes(tmp_path, failing=0)
+    assert f"paratrain: rank 0 {SAID}" in errs[0], errs[0][-3000:]
+    assert "rank 0" in errs[1] and "injected failure after step 3" in errs[1], errs[1][-3000:]
+    assert "lost the launch's rendezvous" in errs[1], errs[1][-3000:]
+    for noise in ("torchrun failed", "frame #", "TCPStore.cpp", "Traceback"):
+        assert noise not in errs[1], errs[1][-3000:]
+    assert len(errs[1].splitlines()) <= 6, errs[1]
 
 
 def assert_the_result_covers_the_run(out, straight) -> None:

@@ -16,11 +16,14 @@ import sys
 from paratrain import trust
 from paratrain.cli import bench, comm, demo, doctor, export, flight, plan, report, run, tune
 from paratrain.errors import Interrupted, UserError, one_line
+from paratrain.launch.torchrun import quiet_native_log
 
 COMMANDS = (run, demo, bench, report, export, flight, doctor, plan, tune, comm)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before the parser's imports load torch (it reads the level once, then)
+    quiet_native_log(verbose="--verbose" in (sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     # the folder a command read its config from is that command's (a caller in one process:

@@ -148,6 +148,64 @@ def outcome(
     return 1
 
 
+def lost_rendezvous(
+    where: Path, run_dir: str | None, endpoint: str | None, since: float, e: BaseException
+) -> int | None:
+    """The agent lost the rendezvous's store after its workers had started: its host (the
+    node whose agent bound the endpoint first) has gone, most often because a rank of its own
+    failed first. Said once instead of torchrun's "RendezvousConnectionError": this node's own
+    failure records where it has some; else the first traceback another node wrote to the run
+    folder since the launch began (a shared file system); else what happened and where to
+    look. None: the workers never started (the endpoint was never reached), not this case."""
+    if not any(where.glob("pid_rank_*")):
+        return None
+    lost = (
+        f"this node lost the launch's rendezvous ({endpoint}) mid-run: the node that hosted it "
+        f"has stopped ({type(e).__name__})"
+    )
+    if any(where.glob("failure_rank_*.json")):
+        code = outcome(where, run_dir)
+        print(f"  then {lost}", file=sys.stderr)
+        return code
+    written = theirs(run_dir, since)
+    if written:
+        path, last = written
+        rank = path.stem.removeprefix("rank")
+        print(f"paratrain: rank {rank} failed first: {last}", file=sys.stderr)
+        print(f"  its node's traceback: {path}; {lost}", file=sys.stderr)
+    else:
+        print(
+            f"paratrain: {lost}; that node's output names the failure where it began, and this "
+            "node's workers were stopped with it",
+            file=sys.stderr,
+        )
+    return 1
+
+
+def theirs(run_dir: str | None, since: float, wait_s: float = 5.0) -> tuple[Path, str] | None:
+    """The first traceback (errors/rank<r>.txt, with its last line) another node's command
+    saved in the run folder since `since`: on a shared file system it lands there a moment
+    after this node loses the store, so it is waited for a few seconds."""
+    if not run_dir:
+        return None
+    folder = Path(run_dir) / "errors"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fresh = sorted(
+                (p.stat().st_mtime, p) for p in folder.glob("rank*.txt") if p.stat().st_mtime >= since
+            )
+        except OSError:
+            fresh = []
+        if fresh:
+            path = fresh[0][1]
+            lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+            return path, (lines[-1].strip() if lines else "(empty)")
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
 def origin(
     where: Path,
     run_dir: str | None,

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from paratrain.config.launch import LaunchConfig
@@ -90,9 +91,10 @@ def torchrun_argv(
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         argv.append("--standalone")
     else:
+        # no --node-rank: c10d's rendezvous numbers the nodes as they join and ignores it
+        # (torchrun warns so on every node)
         argv += [
             f"--nnodes={cfg.nnodes}",
-            f"--node-rank={cfg.node_rank}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
@@ -109,6 +111,39 @@ def _torchrun_takes(option: str) -> bool:
     from torch.distributed.run import get_args_parser
 
     return any(a.dest == option for a in get_args_parser()._actions)
+
+
+NATIVE_LOG = "TORCH_CPP_LOG_LEVEL"
+NATIVE_LOG_SET = "PARATRAIN_SET_CPP_LOG_LEVEL"
+"""Marks TORCH_CPP_LOG_LEVEL as this command's, not the user's: the launch hands its workers
+the environment without it (workers_environment)."""
+
+
+def quiet_native_log(verbose: bool) -> None:
+    """The command's own process (the elastic agent, preflight) logs torch's native warnings
+    at ERROR: a node whose rendezvous host has gone would otherwise print c10d's retries, each
+    with a C++ stack of thirty frames, above the one line that says what happened. Read once,
+    when torch loads: so only before its import, and never over the user's own setting or
+    under --verbose. The workers keep the user's environment."""
+    if verbose or "torch" in sys.modules or NATIVE_LOG in os.environ:
+        return
+    os.environ[NATIVE_LOG] = "ERROR"
+    os.environ[NATIVE_LOG_SET] = "1"
+
+
+@contextlib.contextmanager
+def workers_environment():
+    """While the launch runs: the environment its workers inherit holds the user's native log
+    level, not the one quiet_native_log set for this process."""
+    if os.environ.get(NATIVE_LOG_SET) != "1":
+        yield
+        return
+    level = os.environ.pop(NATIVE_LOG, None)
+    try:
+        yield
+    finally:
+        if level is not None:
+            os.environ[NATIVE_LOG] = level
 
 
 @contextlib.contextmanager
