@@ -193,7 +193,9 @@ def theirs(run_dir: str | None, since: float, wait_s: float = 5.0) -> tuple[Path
     while True:
         try:
             fresh = sorted(
-                (p.stat().st_mtime, p) for p in folder.glob("rank*.txt") if p.stat().st_mtime >= since
+                (p.stat().st_mtime, p)
+                for p in folder.glob("rank*.txt")
+                if p.stat().st_mtime >= since
             )
         except OSError:
             fresh = []
