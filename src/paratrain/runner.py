@@ -243,7 +243,6 @@ def launch_workers(plan: RunPlan) -> int:
             with (
                 job.forwarded_signals(errors),
                 launch.quiet_agent(),
-                launch.workers_environment(),
                 # none of the launch's processes outlives it (its workers' loader workers too)
                 procs.none_outlive(f"{ERROR_DIR}={errors}"),
                 preload.guarded(worker_imports(plan)) as names,

@@ -130,3 +130,32 @@ def test_a_stopped_process_is_seen_stopped():
     finally:
         p.kill()
         p.wait()
+
+
+def test_losing_the_rendezvous_host_reads_the_run_folder_or_says_what_happened(tmp_path, capsys):
+    """A node whose agent lost the store mid-run with no failure of its own: the traceback
+    another node saved in the (shared) run folder since the launch began names the failure;
+    without one, the line says what happened and where to look; before any worker started it
+    is not this case (None: the caller reports the agent's error as it is)."""
+    lost = ConnectionError("store gone")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert job.lost_rendezvous(empty, None, "head:29400", 0.0, lost, wait_s=0) is None
+
+    where, run = launch_folder(tmp_path), tmp_path / "run"
+    (run / "errors").mkdir(parents=True)
+    old = run / "errors" / "rank3.txt"  # an earlier run's, before this launch began
+    old.write_text("Traceback (most recent call last):\nValueError: last week\n")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    assert job.lost_rendezvous(where, str(run), "head:29400", time.time() - 60, lost, 0) == 1
+    said = capsys.readouterr().err
+    assert "lost the launch's rendezvous (head:29400) mid-run" in said
+    assert "last week" not in said and "that node's output names the failure" in said
+
+    (run / "errors" / "rank0.txt").write_text(
+        "Traceback (most recent call last):\n  ...\nRuntimeError: odd batch\n"
+    )
+    assert job.lost_rendezvous(where, str(run), "head:29400", time.time() - 60, lost, 0) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "paratrain: rank 0 failed first: RuntimeError: odd batch", said
+    assert str(run / "errors" / "rank0.txt") in said[1] and "(ConnectionError)" in said[1]

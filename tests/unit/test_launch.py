@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,42 @@ def test_the_workers_python_imports_nothing_from_the_working_directory(
     launch.run_torchrun(argv, preload=("json",) if forked else ())
     assert started == ["1"] and not marker.exists()
     assert "PYTHONSAFEPATH" not in os.environ  # this process's own, as it was
+
+
+NATIVE_WARNING = """
+import os, sys
+from datetime import timedelta
+from paratrain.launch.torchrun import quiet_native_log
+quiet_native_log(verbose=sys.argv[1] == "verbose")
+assert "TORCH_CPP_LOG_LEVEL" not in os.environ  # what the command starts keeps the user's
+import torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=2))
+del server  # the store's host gone, as a node's whose rank failed
+try:
+    client.get("x")
+except Exception as e:
+    print(type(e).__name__)
+"""
+
+
+def test_the_commands_native_log_is_quiet_and_its_children_keep_the_users():
+    """c10d's warning of a lost store (a C++ stack of ~30 frames) is not printed by the
+    command's process; under --verbose it is; the variable is not left for its children."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    said = {
+        how: subprocess.run(
+            [sys.executable, "-c", NATIVE_WARNING, how],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for how in ("quiet", "verbose")
+    }
+    assert all(p.returncode == 0 and "DistNetworkError" in p.stdout for p in said.values()), said
+    assert "TCPStore.cpp" in said["verbose"].stderr  # the warning this hides, shown
+    assert "TCPStore.cpp" not in said["quiet"].stderr and "frame #" not in said["quiet"].stderr

@@ -182,7 +182,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--nproc", type=int, help="processes per node (launch.nproc)")
     p.add_argument("--nnodes", type=int, help="nodes (launch.nnodes)")
-    p.add_argument("--node-rank", type=int, help="this node's rank (launch.node_rank)")
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        help="this node's rank (launch.node_rank; c10d numbers the nodes as they join: not needed)",
+    )
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (launch.rdzv_endpoint)")
     p.add_argument("--resume", help="checkpoint folder (step_*) or run directory to continue from")
     p.add_argument("--output-dir", help="where results go (output_dir)")

@@ -14,7 +14,8 @@ class LaunchConfig:
     nnodes: int = 1
     """Nodes taking part (torchrun --nnodes)."""
     node_rank: int = 0
-    """This node's rank (torchrun --node-rank)."""
+    """This node's rank: checked against nnodes, not passed on (c10d's rendezvous numbers the
+    nodes as they join and ignores torchrun's --node-rank)."""
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous for multi-node runs (torchrun --rdzv-endpoint)."""
     one_process: bool | Literal["auto"] = "auto"

@@ -149,7 +149,12 @@ def outcome(
 
 
 def lost_rendezvous(
-    where: Path, run_dir: str | None, endpoint: str | None, since: float, e: BaseException
+    where: Path,
+    run_dir: str | None,
+    endpoint: str | None,
+    since: float,
+    e: BaseException,
+    wait_s: float = 5.0,
 ) -> int | None:
     """The agent lost the rendezvous's store after its workers had started: its host (the
     node whose agent bound the endpoint first) has gone, most often because a rank of its own
@@ -167,7 +172,7 @@ def lost_rendezvous(
         code = outcome(where, run_dir)
         print(f"  then {lost}", file=sys.stderr)
         return code
-    written = theirs(run_dir, since)
+    written = theirs(run_dir, since, wait_s)
     if written:
         path, last = written
         rank = path.stem.removeprefix("rank")

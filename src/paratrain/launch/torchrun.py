@@ -114,36 +114,22 @@ def _torchrun_takes(option: str) -> bool:
 
 
 NATIVE_LOG = "TORCH_CPP_LOG_LEVEL"
-NATIVE_LOG_SET = "PARATRAIN_SET_CPP_LOG_LEVEL"
-"""Marks TORCH_CPP_LOG_LEVEL as this command's, not the user's: the launch hands its workers
-the environment without it (workers_environment)."""
 
 
 def quiet_native_log(verbose: bool) -> None:
     """The command's own process (the elastic agent, preflight) logs torch's native warnings
     at ERROR: a node whose rendezvous host has gone would otherwise print c10d's retries, each
-    with a C++ stack of thirty frames, above the one line that says what happened. Read once,
-    when torch loads: so only before its import, and never over the user's own setting or
-    under --verbose. The workers keep the user's environment."""
+    with a C++ stack of thirty frames, above the one line that says what happened. c10 reads
+    the level once, as torch loads: so torch is loaded here with it set, and the variable is
+    gone again before anything starts (workers, a sweep's runs keep the user's environment).
+    Never over the user's own setting, under --verbose, or once torch is loaded."""
     if verbose or "torch" in sys.modules or NATIVE_LOG in os.environ:
         return
     os.environ[NATIVE_LOG] = "ERROR"
-    os.environ[NATIVE_LOG_SET] = "1"
-
-
-@contextlib.contextmanager
-def workers_environment():
-    """While the launch runs: the environment its workers inherit holds the user's native log
-    level, not the one quiet_native_log set for this process."""
-    if os.environ.get(NATIVE_LOG_SET) != "1":
-        yield
-        return
-    level = os.environ.pop(NATIVE_LOG, None)
     try:
-        yield
+        import torch  # noqa: F401
     finally:
-        if level is not None:
-            os.environ[NATIVE_LOG] = level
+        del os.environ[NATIVE_LOG]
 
 
 @contextlib.contextmanager
