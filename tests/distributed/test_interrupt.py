@@ -186,12 +186,15 @@ def test_a_failure_on_another_node_is_named_where_it_began(tmp_path):
 
 def test_losing_the_rendezvous_host_names_its_failure(tmp_path):
     """Rank 0 raises on node 0, whose agent hosts the rendezvous's store: node 1's agent loses
-    the store mid-run. Its command names rank 0's failure and the lost rendezvous in a few
-    lines, not torchrun's RendezvousConnectionError under c10d's C++ stacks."""
+    the store mid-run. Its command names rank 0's failure in a few lines, not torchrun's
+    RendezvousConnectionError under c10d's C++ stacks (job.lost_rendezvous; its three sources
+    in tests/unit/test_failure_origin.py)."""
     errs = two_nodes(tmp_path, failing=0)
     assert f"paratrain: rank 0 {SAID}" in errs[0], errs[0][-3000:]
     assert "rank 0" in errs[1] and "injected failure after step 3" in errs[1], errs[1][-3000:]
-    assert "lost the launch's rendezvous" in errs[1], errs[1][-3000:]
+    # node 1's agent either loses the store first ("then this node lost the launch's
+    # rendezvous") or sees its own worker fail first (torchrun's ChildFailedError): both say
+    # where the failure began, in a few lines
     for noise in ("torchrun failed", "frame #", "TCPStore.cpp", "Traceback"):
         assert noise not in errs[1], errs[1][-3000:]
     assert len(errs[1].splitlines()) <= 6, errs[1]
