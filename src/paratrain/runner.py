@@ -8,7 +8,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -205,13 +204,14 @@ def settled(plan: RunPlan, set_aside: dict | None):
 
 
 def rendezvous_error(e: BaseException) -> bool:
-    """The agent's store or rendezvous went away (c10d's DistNetworkError under elastic's
-    RendezvousError)."""
+    """The agent lost its connection to the rendezvous's store (RendezvousConnectionError, over
+    c10d's DistNetworkError): its host went away. Not a rendezvous that timed out or that
+    another node closed: those say what they are as they are."""
     from torch.distributed import DistNetworkError
-    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
     chain = [e, e.__cause__, e.__context__]
-    return any(isinstance(x, (RendezvousError, DistNetworkError)) for x in chain if x)
+    return any(isinstance(x, (RendezvousConnectionError, DistNetworkError)) for x in chain if x)
 
 
 def launch_workers(plan: RunPlan) -> int:
@@ -238,7 +238,7 @@ def launch_workers(plan: RunPlan) -> int:
         threads_before = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(launch.threads_per_process(cfg.launch, plan.nproc))
         ooms = procs.oom_kills()  # (a SIGKILL's author: the OOM killer if this count rises)
-        began = time.time()
+        saved = job.saved_before(cfg.output_dir)  # (another node's traceback: a new one)
         try:
             with (
                 job.forwarded_signals(errors),
@@ -253,7 +253,7 @@ def launch_workers(plan: RunPlan) -> int:
         except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)
             if rendezvous_error(e):
                 code = job.lost_rendezvous(
-                    errors, cfg.output_dir, cfg.launch.rdzv_endpoint, began, e
+                    errors, cfg.output_dir, cfg.launch.rdzv_endpoint, saved, e, ooms
                 )
                 if code is not None:
                     return code

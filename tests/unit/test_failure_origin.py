@@ -134,28 +134,48 @@ def test_a_stopped_process_is_seen_stopped():
 
 def test_losing_the_rendezvous_host_reads_the_run_folder_or_says_what_happened(tmp_path, capsys):
     """A node whose agent lost the store mid-run with no failure of its own: the traceback
-    another node saved in the (shared) run folder since the launch began names the failure;
-    without one, the line says what happened and where to look; before any worker started it
-    is not this case (None: the caller reports the agent's error as it is)."""
+    another node saved in the (shared) run folder during the launch names the failure; an
+    earlier attempt's file there does not; without one, the line says what happened and where
+    to look; this node's ranks that only lost their peers come after it, not first. Before any
+    worker started it is not this case (None: the agent's error is said as it is)."""
     lost = ConnectionError("store gone")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert job.lost_rendezvous(empty, None, "head:29400", 0.0, lost, wait_s=0) is None
+    assert job.lost_rendezvous(empty, None, "head:29400", {}, lost, wait_s=0) is None
 
     where, run = launch_folder(tmp_path), tmp_path / "run"
     (run / "errors").mkdir(parents=True)
-    old = run / "errors" / "rank3.txt"  # an earlier run's, before this launch began
+    old = run / "errors" / "rank3.txt"  # an earlier attempt's, there as the launch began
     old.write_text("Traceback (most recent call last):\nValueError: last week\n")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
-    assert job.lost_rendezvous(where, str(run), "head:29400", time.time() - 60, lost, 0) == 1
+    before = job.saved_before(str(run))
+    assert job.lost_rendezvous(where, str(run), "head:29400", before, lost, wait_s=0) == 1
     said = capsys.readouterr().err
     assert "lost the launch's rendezvous (head:29400) mid-run" in said
     assert "last week" not in said and "that node's output names the failure" in said
 
-    (run / "errors" / "rank0.txt").write_text(
-        "Traceback (most recent call last):\n  ...\nRuntimeError: odd batch\n"
-    )
-    assert job.lost_rendezvous(where, str(run), "head:29400", time.time() - 60, lost, 0) == 1
+    # this node's rank 1 only lost its peer: not the news
+    peer = failure(1, time.time(), "Connection closed by peer")
+    (where / "failure_rank_00001.json").write_text(json.dumps(peer))
+    text = "Traceback (most recent call last):\n  ...\nRuntimeError: odd batch\n"
+    (run / "errors" / "rank0.txt").write_text(text)
+    assert job.lost_rendezvous(where, str(run), "head:29400", before, lost, wait_s=0) == 1
     said = capsys.readouterr().err.splitlines()
     assert said[0] == "paratrain: rank 0 failed first: RuntimeError: odd batch", said
     assert str(run / "errors" / "rank0.txt") in said[1] and "(ConnectionError)" in said[1]
+    assert "lost their peers after it" in said[2] and "rank1.txt" in said[2], said
+
+    # a failure that began on this node is the news, as the report of any failure says it
+    (where / "failure_rank_00001.json").write_text(json.dumps(failure(1, time.time(), "odd")))
+    assert job.lost_rendezvous(where, str(run), "head:29400", before, lost, wait_s=0) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "paratrain: rank 1 failed first: RuntimeError: odd", said
+    assert said[-1].startswith("  then this node lost the launch's rendezvous"), said
+
+
+def test_a_mistake_on_record_is_said_as_a_mistake_when_the_rendezvous_is_lost(tmp_path):
+    from paratrain.errors import UserError
+
+    where = launch_folder(tmp_path)
+    (where / "rank_00001.txt").write_text("data.path: no such folder")
+    with pytest.raises(UserError, match="no such folder"):
+        job.lost_rendezvous(where, None, "head:29400", {}, ConnectionError(), wait_s=0)

@@ -217,3 +217,13 @@ def test_the_commands_native_log_is_quiet_and_its_children_keep_the_users():
     assert all(p.returncode == 0 and "DistNetworkError" in p.stdout for p in said.values()), said
     assert "TCPStore.cpp" in said["verbose"].stderr  # the warning this hides, shown
     assert "TCPStore.cpp" not in said["quiet"].stderr and "frame #" not in said["quiet"].stderr
+
+
+def test_the_command_loads_torch_only_after_its_native_log_is_set():
+    """quiet_native_log must run before torch loads: importing the CLI loads none of it."""
+    import subprocess
+    import sys
+
+    code = "import sys, paratrain.cli; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr[-2000:]

@@ -23,7 +23,9 @@ COMMANDS = (run, demo, bench, report, export, flight, doctor, plan, tune, comm)
 
 def main(argv: list[str] | None = None) -> int:
     # before the parser's imports load torch (it reads the level once, then)
-    quiet_native_log(verbose="--verbose" in (sys.argv[1:] if argv is None else argv))
+    words = sys.argv[1:] if argv is None else argv
+    verbose = any(str(w).startswith("--verb") for w in words)  # (argparse takes "--verb")
+    quiet_native_log(verbose=verbose or os.environ.get("PARATRAIN_VERBOSE") == "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     # the folder a command read its config from is that command's (a caller in one process:

@@ -207,7 +207,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verbose",
         action="store_true",
-        help="keep torchrun's own lines (each worker's exit, each signal it sends)",
+        help="keep torchrun's own lines (each worker's exit, each signal it sends) and torch's native warnings",
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -148,31 +149,52 @@ def outcome(
     return 1
 
 
+def saved_before(run_dir: str | None) -> dict[str, tuple[int, int]]:
+    """The run folder's saved tracebacks as the launch begins ({name: (mtime_ns, size)}):
+    a file another node writes during the launch is one not here or changed since (an earlier
+    attempt's files stay in the folder; mtimes on a shared file system are the server's)."""
+    folder = Path(run_dir) / "errors" if run_dir else None
+    try:
+        return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.glob("rank*.txt")}
+    except (OSError, AttributeError):
+        return {}
+
+
 def lost_rendezvous(
     where: Path,
     run_dir: str | None,
     endpoint: str | None,
-    since: float,
+    before: dict[str, tuple[int, int]],
     e: BaseException,
+    ooms_before: int | None = None,
     wait_s: float = 5.0,
 ) -> int | None:
     """The agent lost the rendezvous's store after its workers had started: its host (the
     node whose agent bound the endpoint first) has gone, most often because a rank of its own
-    failed first. Said once instead of torchrun's "RendezvousConnectionError": this node's own
-    failure records where it has some; else the first traceback another node wrote to the run
-    folder since the launch began (a shared file system); else what happened and where to
-    look. None: the workers never started (the endpoint was never reached), not this case."""
+    failed first. Said once instead of torchrun's "RendezvousConnectionError": a mistake or an
+    interrupt on record as ever; a failure of this node's own ranks that began here; else the
+    first traceback another node saved to the run folder during the launch (a shared file
+    system); else what happened and where to look (this node's ranks only lost their peers).
+    None: the workers never started (the endpoint was never reached), not this case."""
     if not any(where.glob("pid_rank_*")):
         return None
+    mistake = first_worker_error(where)
+    if mistake:
+        raise UserError(mistake)
+    check_interrupted(where)
     lost = (
         f"this node lost the launch's rendezvous ({endpoint}) mid-run: the node that hosted it "
         f"has stopped ({type(e).__name__})"
     )
-    if any(where.glob("failure_rank_*.json")):
-        code = outcome(where, run_dir)
+    failures = sorted(
+        (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
+        key=lambda f: f["time"],
+    )
+    if failures and (failures[0].get("remote") or not lost_peer(failures[0])):
+        code = outcome(where, run_dir, ooms_before=ooms_before)  # it began here, or was told
         print(f"  then {lost}", file=sys.stderr)
         return code
-    written = theirs(run_dir, since, wait_s)
+    written = theirs(run_dir, before, wait_s)
     if written:
         path, last = written
         rank = path.stem.removeprefix("rank")
@@ -180,36 +202,51 @@ def lost_rendezvous(
         print(f"  its node's traceback: {path}; {lost}", file=sys.stderr)
     else:
         print(
-            f"paratrain: {lost}; that node's output names the failure where it began, and this "
-            "node's workers were stopped with it",
+            f"paratrain: {lost}; that node's output names the failure where it began",
             file=sys.stderr,
         )
+    if failures:  # this node's ranks only lost their peers after it: kept, not the news
+        paths = save_tracebacks(failures, run_dir)
+        saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+        print(f"  this node's ranks lost their peers after it: {saved}", file=sys.stderr)
     return 1
 
 
-def theirs(run_dir: str | None, since: float, wait_s: float = 5.0) -> tuple[Path, str] | None:
+_LAST_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+"""A traceback's closing line, "Type: message" (or "Type"): a file read mid-write has none."""
+
+
+def theirs(
+    run_dir: str | None, before: dict[str, tuple[int, int]], wait_s: float = 5.0
+) -> tuple[Path, str] | None:
     """The first traceback (errors/rank<r>.txt, with its last line) another node's command
-    saved in the run folder since `since`: on a shared file system it lands there a moment
-    after this node loses the store, so it is waited for a few seconds."""
+    saved to the run folder during this launch (not in `before`, or changed since): on a
+    shared file system it lands there a moment after this node loses the store, so it is
+    waited for a few seconds, and read again until it is whole."""
     if not run_dir:
         return None
     folder = Path(run_dir) / "errors"
     deadline = time.monotonic() + wait_s
+    found = None
     while True:
         try:
+            stats = {p: p.stat() for p in folder.glob("rank*.txt")}
             fresh = sorted(
-                (p.stat().st_mtime, p)
-                for p in folder.glob("rank*.txt")
-                if p.stat().st_mtime >= since
+                (st.st_mtime_ns, p)
+                for p, st in stats.items()
+                if before.get(p.name) != (st.st_mtime_ns, st.st_size)
             )
+            if fresh:
+                path = fresh[0][1]
+                lines = [x.strip() for x in path.read_text(errors="replace").splitlines()]
+                lines = [x for x in lines if x]
+                found = (path, lines[-1] if lines else "(empty)")
+                if lines and _LAST_LINE.fullmatch(lines[-1]):
+                    return found
         except OSError:
-            fresh = []
-        if fresh:
-            path = fresh[0][1]
-            lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
-            return path, (lines[-1].strip() if lines else "(empty)")
+            pass
         if time.monotonic() >= deadline:
-            return None
+            return found
         time.sleep(0.2)
 
 
@@ -363,7 +400,10 @@ def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | s
         for f in failures:
             path = folder / f"rank{f['rank']}.txt"
             if not (f.get("remote") and path.exists()):  # its own node's copy is whole
-                path.write_text(f["traceback"])
+                # whole or absent: another node may read it as it lands (lost_rendezvous)
+                part = path.with_name(f".{path.name}.{os.getpid()}")
+                part.write_text(f["traceback"])
+                part.replace(path)
             paths.append(path)
     except OSError as e:
         return f"not saved ({folder}: {e.strerror or e})"

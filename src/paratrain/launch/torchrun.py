@@ -92,7 +92,7 @@ def torchrun_argv(
         argv.append("--standalone")
     else:
         # no --node-rank: c10d's rendezvous numbers the nodes as they join and ignores it
-        # (torchrun warns so on every node)
+        # (torchrun warns so on every node but the first)
         argv += [
             f"--nnodes={cfg.nnodes}",
             "--rdzv-backend=c10d",
