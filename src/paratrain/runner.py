@@ -257,6 +257,8 @@ def launch_workers(plan: RunPlan) -> int:
                 )
                 if code is not None:
                     return code
+                print(job.unreached(cfg.launch.rdzv_endpoint, e), file=sys.stderr)
+                return 1
             print(f"paratrain: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         finally:

@@ -179,3 +179,9 @@ def test_a_mistake_on_record_is_said_as_a_mistake_when_the_rendezvous_is_lost(tm
     (where / "rank_00001.txt").write_text("data.path: no such folder")
     with pytest.raises(UserError, match="no such folder"):
         job.lost_rendezvous(where, None, "head:29400", {}, ConnectionError(), wait_s=0)
+
+
+def test_a_rendezvous_never_reached_says_what_to_check():
+    line = job.unreached("head:29400", ConnectionError())
+    assert line.startswith("paratrain: could not reach the rendezvous at head:29400")
+    assert "\n" not in line and "address and port" in line

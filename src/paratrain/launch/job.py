@@ -149,6 +149,16 @@ def outcome(
     return 1
 
 
+def unreached(endpoint: str | None, e: BaseException) -> str:
+    """The agent never reached the rendezvous (its workers never started): the line that says
+    what to check, for torchrun's "RendezvousConnectionError ... See inner exception"."""
+    return (
+        f"paratrain: could not reach the rendezvous at {endpoint} ({type(e).__name__}): the "
+        "node whose command binds it first hosts it; start that one, and check that this host "
+        "reaches that address and port (a firewall, a name that resolves elsewhere)"
+    )
+
+
 def saved_before(run_dir: str | None) -> dict[str, tuple[int, int]]:
     """The run folder's saved tracebacks as the launch begins ({name: (mtime_ns, size)}):
     a file another node writes during the launch is one not here or changed since (an earlier

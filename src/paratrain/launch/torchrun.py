@@ -117,15 +117,17 @@ NATIVE_LOG = "TORCH_CPP_LOG_LEVEL"
 
 
 def quiet_native_log(verbose: bool) -> None:
-    """The command's own process (the elastic agent, preflight) logs torch's native warnings
-    at ERROR: a node whose rendezvous host has gone would otherwise print c10d's retries, each
-    with a C++ stack of thirty frames, above the one line that says what happened. c10 reads
+    """The command's own process (the elastic agent, preflight) keeps torch's native log to
+    FATAL: a node whose rendezvous host has gone, or that cannot reach it, would otherwise print
+    c10d's retries and timeouts, each with a C++ stack of up to thirty frames, above the one
+    line that says what happened (job.lost_rendezvous, job.unreached); what fails there raises
+    as well, and the report says it. c10 reads
     the level once, as torch loads: so torch is loaded here with it set, and the variable is
     gone again before anything starts (workers, a sweep's runs keep the user's environment).
     Never over the user's own setting, under --verbose, or once torch is loaded."""
     if verbose or "torch" in sys.modules or NATIVE_LOG in os.environ:
         return
-    os.environ[NATIVE_LOG] = "ERROR"
+    os.environ[NATIVE_LOG] = "FATAL"
     try:
         import torch  # noqa: F401
     finally:
