@@ -130,6 +130,8 @@ def quiet_native_log(verbose: bool) -> None:
     os.environ[NATIVE_LOG] = "FATAL"
     try:
         import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install is said where torch is next imported
+        pass
     finally:
         del os.environ[NATIVE_LOG]
 
