@@ -251,7 +251,7 @@ def launch_workers(plan: RunPlan) -> int:
         except ChildFailedError as e:
             return job.outcome(errors, cfg.output_dir, job.exits_of(e), ooms)
         except Exception as e:  # the agent's own failure (rendezvous, a port in use, ...)
-            if rendezvous_error(e):
+            if cfg.launch.rdzv_endpoint and rendezvous_error(e):  # (not one node's standalone)
                 code = job.lost_rendezvous(
                     errors, cfg.output_dir, cfg.launch.rdzv_endpoint, saved, e, ooms
                 )
