@@ -39,7 +39,6 @@ def run(cfg: CommConfig) -> dict:
 
 
 def print_table(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -58,7 +57,7 @@ def print_table(result: dict) -> None:
             f"{r['algbw_gbps']:,.2f}",
             f"{r['busbw_gbps']:,.2f}",
         )
-    Console().print(table)
+    metrics.console().print(table)  # a pipe or a log: the table's rows whole, not wrapped at 80
 
 
 def _human(nbytes: int) -> str:

@@ -105,12 +105,11 @@ def write(search: Search, found: dict[str, Any]) -> dict[str, Path]:
 
 
 def print_table(search: Search, found: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    from paratrain.meters.metrics import console as wide_console
+
+    console = wide_console()  # a pipe or a log: the table's rows whole, not wrapped at 80
     best, baseline = found["best"], found["baseline"]
     unit = "tokens/s" if search.lm else "samples/s"
     energy = "mJ/token" if search.lm else "J/sample"
