@@ -106,6 +106,14 @@ def check_interrupted(where: Path) -> None:
         raise Interrupted(**json.loads(stopped[0].read_text()))
 
 
+def recorded(where: Path) -> list[dict]:
+    """The workers' failure records in the launch's folder, first failure first."""
+    return sorted(
+        (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
+        key=lambda f: f["time"],
+    )
+
+
 def outcome(
     where: Path,
     run_dir: str | None,
@@ -124,10 +132,7 @@ def outcome(
     if mistake:
         raise UserError(mistake)
     check_interrupted(where)
-    failures = sorted(
-        (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
-        key=lambda f: f["time"],
-    )
+    failures = recorded(where)
     if (where / MARKER).exists() and not failures:
         print(
             "paratrain: interrupted before a step boundary (a second Ctrl-C, or before the "
@@ -163,11 +168,13 @@ def saved_before(run_dir: str | None) -> dict[str, tuple[int, int]]:
     """The run folder's saved tracebacks as the launch begins ({name: (mtime_ns, size)}):
     a file another node writes during the launch is one not here or changed since (an earlier
     attempt's files stay in the folder; mtimes on a shared file system are the server's)."""
-    folder = Path(run_dir) / "errors" if run_dir else None
-    try:
-        return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.glob("rank*.txt")}
-    except (OSError, AttributeError):
+    if not run_dir:
         return {}
+    try:
+        stats = {p.name: p.stat() for p in (Path(run_dir) / "errors").glob("rank*.txt")}
+    except OSError:
+        return {}
+    return {name: (st.st_mtime_ns, st.st_size) for name, st in stats.items()}
 
 
 def lost_rendezvous(
@@ -196,10 +203,7 @@ def lost_rendezvous(
         f"this node lost the launch's rendezvous ({endpoint}) mid-run: the node that hosted it "
         f"has stopped ({type(e).__name__})"
     )
-    failures = sorted(
-        (json.loads(p.read_text()) for p in where.glob("failure_rank_*.json")),
-        key=lambda f: f["time"],
-    )
+    failures = recorded(where)
     if failures and (failures[0].get("remote") or not lost_peer(failures[0])):
         code = outcome(where, run_dir, ooms_before=ooms_before)  # it began here, or was told
         print(f"  then {lost}", file=sys.stderr)
@@ -217,7 +221,7 @@ def lost_rendezvous(
         )
     if failures:  # this node's ranks only lost their peers after it: kept, not the news
         paths = save_tracebacks(failures, run_dir)
-        saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+        saved = saved_where(paths)
         print(f"  this node's ranks lost their peers after it: {saved}", file=sys.stderr)
     return 1
 
@@ -420,6 +424,11 @@ def save_tracebacks(failures: list[dict], run_dir: str | None) -> list[Path] | s
     return paths
 
 
+def saved_where(paths: list[Path] | str) -> str:
+    """save_tracebacks' answer as the report says it: the files, or why there are none."""
+    return ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+
+
 def failure_report(
     failures: list[dict],
     paths: list[Path] | str,
@@ -432,7 +441,7 @@ def failure_report(
     chain, where the tracebacks are; then the install's problems that explain it."""
     first = failures[0]
     others = len(failures) - 1
-    saved = ", ".join(map(str, paths)) if isinstance(paths, list) else paths
+    saved = saved_where(paths)
     node = f" (node {first['node']})" if first.get("remote") and first.get("node") else ""
     failed = f"rank {first['rank']}{node} failed first: {first['type']}: {first['message']}"
     if hang:
